@@ -1,0 +1,34 @@
+# Two entry points (see README): `make demo` installs everything and runs the main job on the
+# default models; `make test` installs everything and runs the test suite.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SPECDEC := $(VENV)/bin/specdec
+DEMO_PROMPT ?= Write a Python function that returns the n-th Fibonacci number, with a docstring and type hints.
+
+.PHONY: install demo test lint models-test
+
+# torch is pinned to the CPU build that lies on this kind of machine's disk; the package itself
+# only asks for a range, so GPU users keep their CUDA torch.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e '.[llamacpp,dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(SPECDEC) generate --chat --compare "$(DEMO_PROMPT)"
+
+models-test: install
+	$(SPECDEC) models fetch smollm2-135m-instruct-q4_1
+
+test: install models-test
+	$(PY) -m pytest
+
+lint: install
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/mypy

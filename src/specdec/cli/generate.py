@@ -1,0 +1,16 @@
+"""`specdec generate` (not implemented yet)."""
+
+from __future__ import annotations
+
+import argparse
+
+from specdec.errors import SpecdecError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="(not implemented yet)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    raise SpecdecError("'specdec generate' is not implemented yet")

@@ -1,0 +1,54 @@
+"""The drafter interface."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specdec.sampling import SamplingConfig
+from specdec.timing import Stopwatch
+
+
+@dataclass
+class Draft:
+    """Proposed tokens [K'] (K' <= the K asked for) and the rows q_i they were sampled from
+    [K', V], or None for drafters without probabilities (treated as one-hot q)."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(Protocol):
+    """Proposes continuations of a context. Stateful drafters sync themselves to ``context``
+    on each call (the context is the accepted text so far, so rejected drafts are dropped)."""
+
+    name: str
+
+    def reset(self) -> None:
+        """Forget all state (a new generation starts)."""
+        ...
+
+    def prefill(self, context: Sequence[int]) -> None:
+        """Optionally process a prompt prefix ahead of the first round."""
+        ...
+
+    def rollback(self, context: Sequence[int]) -> None:
+        """Drop any state beyond the accepted ``context`` (rejected drafts)."""
+        ...
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator,
+        stopwatch: Stopwatch,
+    ) -> Draft:
+        """Up to k tokens continuing ``context``, with their q rows when available."""
+        ...

@@ -1,0 +1,90 @@
+"""A drafter backed by a (small) causal LM with its own KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specdec.drafters.base import Draft
+from specdec.models.base import CausalLM
+from specdec.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.timing import Stopwatch
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class ModelDrafter:
+    """Samples K tokens autoregressively from a draft model, with the same sampling
+    transform as the target. The draft cache is kept equal to the accepted context: on each
+    call it is truncated to the longest prefix shared with the new context (dropping rejected
+    drafts) and extended with what it has not seen yet (catching up on the last accepted draft
+    token and the target's correction in one batched call)."""
+
+    def __init__(self, model: CausalLM, name: str = "model") -> None:
+        self.model = model
+        self.name = name
+        self._fed: list[int] = []  # tokens whose keys/values are in the draft cache
+
+    def reset(self) -> None:
+        if self.model.n_cached:
+            self.model.truncate(0)
+        self._fed = []
+
+    def _sync(self, context: Sequence[int], keep_last: bool) -> torch.Tensor | None:
+        """Make the cache hold context (minus its last token if keep_last); return the logits
+        row after the last fed token when something was fed."""
+        limit = len(context) - 1 if keep_last else len(context)
+        common = min(_common_prefix(self._fed, context), limit)
+        if common < len(self._fed):
+            self.model.truncate(common)
+            del self._fed[common:]
+        todo = list(context[common:])
+        if not todo:
+            return None
+        logits = self.model.extend(todo)  # [len(todo), V]
+        self._fed.extend(int(t) for t in todo)
+        return logits[-1]
+
+    def prefill(self, context: Sequence[int]) -> None:
+        if context:
+            self._sync(context, keep_last=False)
+
+    def rollback(self, context: Sequence[int]) -> None:
+        common = _common_prefix(self._fed, context)
+        if common < len(self._fed):
+            self.model.truncate(common)
+            del self._fed[common:]
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator,
+        stopwatch: Stopwatch,
+    ) -> Draft:
+        if k <= 0:
+            return Draft([], None)
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        with stopwatch.section("draft"):
+            logits = self._sync(context, keep_last=True)
+        assert logits is not None
+        for i in range(k):
+            with stopwatch.section("sampling"):
+                q = logits_to_probs(logits, sampling)  # [V]
+                tok = sample(q, generator)
+            tokens.append(tok)
+            rows.append(q)
+            if i + 1 < k:
+                with stopwatch.section("draft"):
+                    logits = self.model.extend([tok])[-1]
+                self._fed.append(tok)
+        return Draft(tokens, torch.stack(rows))  # probs [K, V]

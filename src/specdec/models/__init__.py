@@ -1,0 +1,1 @@
+"""Causal LM backends behind one protocol (``specdec.models.base.CausalLM``)."""

@@ -1,0 +1,56 @@
+"""The speed model of speculative decoding (pure functions).
+
+Units: one plain target step costs 1. A round drafting K tokens costs K * c (c = draft step
+time / target step time) plus verify(K + 1), the cost of one target pass over K + 1 tokens
+relative to one token (1 for perfectly batch-parallel verification, K + 1 for serial).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def expected_tokens_per_round(accept: Sequence[float], k: int) -> float:
+    """E[tokens emitted] of a round with K drafts and positional acceptance a_1..a_K
+    (a_i = P(accept draft i | drafts 1..i-1 accepted)): 1 + sum_i prod_{j<=i} a_j."""
+    total, reach = 1.0, 1.0
+    for i in range(k):
+        reach *= accept[i]
+        total += reach
+    return total
+
+
+def geometric_tokens_per_round(alpha: float, k: int) -> float:
+    """(1 - a^(K+1)) / (1 - a): the constant-acceptance formula of Leviathan et al."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def round_cost(k: int, c: float, verify_cost: Sequence[float] | None = None) -> float:
+    """Cost of one round in target-step units; verify_cost[n-1] = verify(n) / verify(1)."""
+    if k == 0:
+        return 1.0
+    v = 1.0 if verify_cost is None else float(verify_cost[min(k, len(verify_cost) - 1)])
+    return k * c + v
+
+
+def predicted_speedup(
+    accept: Sequence[float], k: int, c: float, verify_cost: Sequence[float] | None = None
+) -> float:
+    """Predicted wall-clock speedup over plain decoding for K drafts per round."""
+    return expected_tokens_per_round(accept, k) / round_cost(k, c, verify_cost)
+
+
+def best_k(
+    accept: Sequence[float], c: float, verify_cost: Sequence[float] | None, k_max: int
+) -> int:
+    """The K in 0..k_max with the highest predicted speedup (0 when nothing beats plain)."""
+    best, best_val = 0, 1.0
+    for k in range(1, k_max + 1):
+        if verify_cost is not None and k >= len(verify_cost):
+            break
+        val = predicted_speedup(accept, k, c, verify_cost)
+        if val > best_val + 1e-9:
+            best, best_val = k, val
+    return best
