@@ -1,0 +1,87 @@
+"""Turn a model reference (store name, local path, or ``mock:...``) into a ``CausalLM``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.errors import ConfigError, ModelLoadError
+from specdec.models.base import CausalLM
+
+BACKENDS = ("auto", "hf", "llamacpp", "mock")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Where a model comes from and how to run it.
+
+    model:    a store short name (``specdec models list``), a local GGUF file or transformers
+              directory, or ``mock:<closeness>[:<vocab>]`` (closeness: target | identical |
+              close | far) for the deterministic mock models.
+    backend:  hf | llamacpp | mock | auto (mock for mock:, otherwise llamacpp for GGUF files
+              and hf for directories).
+    device / dtype: used by the transformers backend (auto picks cuda > mps > cpu; bf16 on
+              CPUs that support it, fp16 on GPUs, fp32 otherwise).
+    n_ctx:    context window to allocate (llama.cpp's logits buffer is n_ctx x vocab floats).
+    n_threads: CPU threads (None: backend default).
+    """
+
+    model: str
+    backend: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    n_ctx: int = 2048
+    n_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.n_ctx < 2:
+            raise ConfigError(f"n_ctx must be >= 2, got {self.n_ctx}")
+
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        if self.model.startswith("mock:"):
+            return "mock"
+        if self.model.endswith(".gguf") or "/" not in self.model:
+            return "llamacpp"
+        return "hf"
+
+    def label(self) -> str:
+        b = self.resolved_backend()
+        extra = f"/{self.dtype}" if b == "hf" else ""
+        return f"{self.model}@{b}{extra}"
+
+
+def load_mock(ref: str, n_ctx: int) -> CausalLM:
+    from specdec.models.mock import MockLM, MockSpec, mock_pair
+
+    parts = ref.split(":")
+    role = parts[1] if len(parts) > 1 else "target"
+    try:
+        vocab = int(parts[2]) if len(parts) > 2 else 16
+    except ValueError as e:
+        raise ModelLoadError(f"bad mock model reference {ref!r}: vocab must be an int") from e
+    if role == "target":
+        spec = mock_pair("identical", vocab_size=vocab)[1].spec
+    elif role in ("identical", "close", "far"):
+        spec = mock_pair(role, vocab_size=vocab)[0].spec
+    else:
+        raise ModelLoadError(
+            f"unknown mock model {ref!r}: use mock:target|identical|close|far[:VOCAB]"
+        )
+    return MockLM(MockSpec(**{**spec.__dict__, "n_ctx": n_ctx}))
+
+
+def load_model(cfg: ModelConfig) -> CausalLM:
+    """Load (fetching and verifying store models first when needed)."""
+    backend = cfg.resolved_backend()
+    if backend == "mock":
+        return load_mock(cfg.model, cfg.n_ctx)
+    raise ModelLoadError(f"backend {backend!r} is not available yet")
