@@ -72,6 +72,11 @@ class GenerationResult:
         return len(self.tokens) / t if t > 0 else float("nan")
 
     @property
+    def e2e_tokens_per_second(self) -> float:
+        """Tokens per second of wall time including prefill (what a user waits for)."""
+        return len(self.tokens) / self.t_total if self.t_total > 0 else float("nan")
+
+    @property
     def mean_tokens_per_round(self) -> float:
         """Tokens emitted per round (1 + mean accepted drafts, before cuts)."""
         return len(self.tokens) / len(self.rounds) if self.rounds else float("nan")
@@ -112,6 +117,7 @@ class GenerationResult:
             "drafter": self.drafter,
             "rounds": len(self.rounds),
             "tokens_per_second": self.tokens_per_second,
+            "e2e_tokens_per_second": self.e2e_tokens_per_second,
             "mean_tokens_per_round": self.mean_tokens_per_round,
             "mean_accepted_per_round": self.mean_accepted_per_round,
             "acceptance_by_position": self.acceptance_by_position(),
@@ -190,7 +196,7 @@ def generate_stream(
         if target.n_cached:
             target.truncate(0)
         if len(ctx) > 1:
-            target.extend(ctx[:-1])
+            target.extend(ctx[:-1], last_only=True)
         if drafter is not None:
             drafter.reset()
             drafter.prefill(ctx[:-1])

@@ -48,7 +48,7 @@ class ModelDrafter:
         todo = list(context[common:])
         if not todo:
             return None
-        logits = self.model.extend(todo)  # [len(todo), V]
+        logits = self.model.extend(todo, last_only=True)  # [1, V]
         self._fed.extend(int(t) for t in todo)
         return logits[-1]
 

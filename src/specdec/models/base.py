@@ -40,11 +40,12 @@ class CausalLM(Protocol):
     @property
     def n_cached(self) -> int: ...
 
-    def extend(self, tokens: Sequence[int]) -> torch.Tensor:
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         """Append tokens to the cache in ONE batched forward pass.
 
         Returns float32 CPU logits [len(tokens), V]; row i is the next-token logits after
-        tokens[i] (given everything cached before it).
+        tokens[i] (given everything cached before it). With last_only=True only the last row
+        is returned ([1, V]), which saves memory and time on long prefills.
         """
         ...
 
@@ -92,7 +93,8 @@ def check_same_vocabulary(draft: CausalLM, target: CausalLM) -> None:
             f"draft vocabulary has {draft.vocab_size} tokens, target has {target.vocab_size}: "
             "the draft and target must share one tokenizer"
         )
-    for text in PROBE_TEXTS:
+    specials = tuple(target.tokenizer.decode([e]) for e in sorted(target.eos_token_ids))
+    for text in (*PROBE_TEXTS, *specials, "".join(specials) + " end"):
         a = draft.tokenizer.encode(text, add_special_tokens=False)
         b = target.tokenizer.encode(text, add_special_tokens=False)
         if a != b:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.base import CausalLM
@@ -50,8 +51,8 @@ class ModelConfig:
         if self.model.startswith("mock:"):
             return "mock"
         if self.model.endswith(".gguf") or "/" not in self.model:
-            return "llamacpp"
-        return "hf"
+            return "llamacpp"  # GGUF files and store short names
+        return "hf"  # model directories and hub ids
 
     def label(self) -> str:
         b = self.resolved_backend()
@@ -84,4 +85,67 @@ def load_model(cfg: ModelConfig) -> CausalLM:
     backend = cfg.resolved_backend()
     if backend == "mock":
         return load_mock(cfg.model, cfg.n_ctx)
-    raise ModelLoadError(f"backend {backend!r} is not available yet")
+    from specdec.hub import resolve
+
+    try:
+        path = resolve(cfg.model)
+    except ModelLoadError:
+        if backend == "hf" and _looks_like_hub_id(cfg.model):
+            from specdec.models.hf import load_hf
+
+            return load_hf(
+                cfg.model,
+                device=cfg.device,
+                dtype=cfg.dtype,
+                n_ctx=cfg.n_ctx,
+                n_threads=cfg.n_threads,
+            )
+        raise
+    if backend == "llamacpp":
+        if not path.is_file():
+            raise ModelLoadError(f"the llama.cpp backend needs a GGUF file, got {path}")
+        from specdec.models.llamacpp import LlamaCppLM
+
+        return LlamaCppLM(path, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, device=cfg.device)
+    from specdec.models.hf import load_hf
+
+    return load_hf(
+        path, device=cfg.device, dtype=cfg.dtype, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads
+    )
+
+
+def _looks_like_hub_id(ref: str) -> bool:
+    return ref.count("/") == 1 and not ref.startswith((".", "/", "~"))
+
+
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+
+
+def load_pair(draft: ModelConfig | str | None, target: ModelConfig) -> tuple[Any, CausalLM]:
+    """(drafter-or-draft-model, target) ready for ``generate``.
+
+    draft: a ModelConfig for a draft model; "ngram" (or "ngram:MAX_N") for prompt lookup;
+    None (or "none") for plain decoding. Model pairs are checked to share one tokenizer.
+    """
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.models.base import check_same_vocabulary
+
+    if isinstance(draft, str):
+        if draft == "none":
+            draft = None
+        elif draft.startswith("ngram"):
+            _, _, n = draft.partition(":")
+            try:
+                max_n = int(n) if n else 3
+            except ValueError as e:
+                raise ConfigError(f"bad n-gram drafter {draft!r}: use ngram or ngram:MAX_N") from e
+            return NgramDrafter(max_n=max_n), load_model(target)
+        else:
+            raise ConfigError(f"unknown drafter {draft!r}: use a model, 'ngram' or 'none'")
+    target_lm = load_model(target)
+    if draft is None:
+        return None, target_lm
+    draft_lm = load_model(draft)
+    check_same_vocabulary(draft_lm, target_lm)
+    return draft_lm, target_lm

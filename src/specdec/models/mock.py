@@ -101,7 +101,7 @@ class MockLM:
     def n_cached(self) -> int:
         return len(self._tokens)
 
-    def extend(self, tokens: Sequence[int]) -> torch.Tensor:
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         check_extend_args(self, tokens)
         self.extend_calls += 1
         self.tokens_processed += len(tokens)
@@ -113,7 +113,8 @@ class MockLM:
             key = (*prev, int(t))[-order:]
             self._keys.append(key)
             rows.append(self._logits_for_key(key))
-        return torch.stack(rows)  # [n, V]
+        out = torch.stack(rows)  # [n, V]
+        return out[-1:] if last_only else out
 
     def truncate(self, n_keep: int) -> None:
         check_truncate_args(self, n_keep)

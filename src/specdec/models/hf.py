@@ -1,0 +1,226 @@
+"""transformers backend: a local model directory, a hub id (when a hub is reachable), or a
+GGUF file dequantized by transformers (converted once, then cached as safetensors)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.errors import ConfigError, ModelLoadError
+from specdec.models.base import check_extend_args, check_truncate_args
+
+
+def pick_device(device: str) -> torch.device:
+    """auto: cuda, then mps, then cpu."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for but CUDA is not available")
+    if device == "mps" and not (
+        getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()
+    ):
+        raise ConfigError("--device mps was asked for but MPS is not available")
+    return torch.device(device)
+
+
+def cpu_has_bf16() -> bool:
+    """True when the CPU has native bf16 matrix instructions (AVX512_BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CPUs that support it, fp16 on GPUs, fp32 otherwise."""
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype != "auto":
+        return table[dtype]
+    if device.type in ("cuda", "mps"):
+        return torch.float16
+    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+
+
+class HFTokenizer:
+    """The ``Tokenizer`` protocol over a transformers tokenizer."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tok(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.tok.decode(list(ids), skip_special_tokens=False))
+
+    def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if not getattr(self.tok, "chat_template", None):
+            raise ModelLoadError("this model's tokenizer has no chat template; drop --chat")
+        text = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.encode(str(text), add_special_tokens=False)
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec" / "models"))
+
+
+def _gguf_key(path: Path) -> str:
+    st = path.stat()
+    raw = f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def converted_dir_for(gguf: Path) -> Path:
+    return _cache_root() / "hf-converted" / f"{gguf.stem}-{_gguf_key(gguf)}"
+
+
+def _load_from_gguf(gguf: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
+    """Dequantize a GGUF through transformers once; later loads read the cached copy."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specdec.hub import check_gguf_header
+
+    check_gguf_header(gguf)
+    cached = converted_dir_for(gguf)
+    if (cached / "specdec-converted.json").exists():
+        return _load_dir(cached, torch_dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as e:  # transformers raises many types for unsupported / bad files
+        raise ModelLoadError(f"transformers could not load GGUF {gguf}: {e}") from e
+    # fp32 keeps the dequantized weights exact; other dtypes are cast at load time
+    tmp = cached.with_name(cached.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.hf_quantizer = None
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    # the copy holds dense weights: drop the GGUF quantization entry so reloads read it as such
+    cfg_path = tmp / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("quantization_config", None)
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    (tmp / "specdec-converted.json").write_text(json.dumps({"source": str(gguf)}))
+    shutil.rmtree(cached, ignore_errors=True)
+    os.replace(tmp, cached)
+    return model.to(torch_dtype), tok
+
+
+def _load_dir(path: Path | str, torch_dtype: torch.dtype, **kw: Any) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, **kw)
+        tok = AutoTokenizer.from_pretrained(str(path), **kw)
+    except Exception as e:
+        raise ModelLoadError(f"transformers could not load {path}: {e}") from e
+    return model, tok
+
+
+class HFCausalLM:
+    """``CausalLM`` over a transformers model with a DynamicCache (rollback = crop)."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: torch.device, n_ctx: int) -> None:
+        self.model = model.to(device).eval()
+        self.device = device
+        self.dtype = next(self.model.parameters()).dtype
+        self._tokenizer = HFTokenizer(tokenizer)
+        cfg = self.model.config
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        max_pos = int(getattr(cfg, "max_position_embeddings", n_ctx) or n_ctx)
+        self.n_ctx = min(n_ctx, max_pos)
+        self.eos_token_ids = frozenset(_eos_ids(self.model, tokenizer))
+        self._cache: Any = None
+        self._n = 0
+        self.extend_calls = 0
+
+    @property
+    def tokenizer(self) -> HFTokenizer:
+        return self._tokenizer
+
+    @property
+    def n_cached(self) -> int:
+        return self._n
+
+    @torch.inference_mode()
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        check_extend_args(self, tokens)
+        if self._cache is None:
+            self._cache = DynamicCache(config=self.model.config)
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
+        pos = torch.arange(self._n, self._n + len(tokens), device=self.device)  # [n]
+        out = self.model(
+            input_ids=ids,
+            cache=self._cache,
+            use_cache=True,
+            position_ids=pos.unsqueeze(0),
+            cache_position=pos,
+            logits_to_keep=1 if last_only else 0,
+        )
+        self._n += len(tokens)
+        self.extend_calls += 1
+        return out.logits[0].to(device="cpu", dtype=torch.float32)  # [n or 1, V]
+
+    def truncate(self, n_keep: int) -> None:
+        check_truncate_args(self, n_keep)
+        if n_keep == self._n:
+            return
+        if n_keep == 0:
+            self._cache = None
+        else:
+            self._cache.crop(n_keep - self._n)  # a negative count removes that many
+        self._n = n_keep
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        e = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(e, int):
+            ids.add(e)
+        elif isinstance(e, list | tuple):
+            ids.update(int(x) for x in e)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def load_hf(
+    ref: str | Path,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    n_ctx: int = 2048,
+    n_threads: int | None = None,
+) -> HFCausalLM:
+    """Load a transformers model from a GGUF file, a local directory or a hub id."""
+    if n_threads:
+        torch.set_num_threads(n_threads)
+    dev = pick_device(device)
+    tdtype = pick_dtype(dtype, dev)
+    path = Path(ref)
+    if path.is_file():
+        model, tok = _load_from_gguf(path, tdtype)
+    elif path.is_dir():
+        model, tok = _load_dir(path, tdtype)
+    else:
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        model, tok = _load_dir(str(ref), tdtype, local_files_only=offline)
+    return HFCausalLM(model, tok, dev, n_ctx)
