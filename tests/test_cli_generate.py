@@ -1,0 +1,162 @@
+"""`specdec generate` end to end on mock models, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdec.cli import main
+from specdec.errors import VocabMismatchError
+from specdec.models.base import check_same_vocabulary
+from specdec.models.mock import MockLM, MockSpec, MockTokenizer
+
+MOCK = [
+    "--draft",
+    "mock:close",
+    "--draft-backend",
+    "mock",
+    "--target",
+    "mock:target",
+    "--target-backend",
+    "mock",
+]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_generate_streams_text_and_a_stats_line(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run_cli(
+        capsys, "generate", "hello", *MOCK, "-k", "3", "--max-new-tokens", "12", "--no-stop"
+    )
+    assert rc == 0
+    assert out.count("<") == 12  # the mock tokenizer prints one <id> per token
+    assert "tok/s" in err and "acceptance by position" in err
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_cli(
+        capsys,
+        "generate",
+        "hello",
+        *MOCK,
+        "-k",
+        "2",
+        "--max-new-tokens",
+        "9",
+        "--json",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+        "--no-stop",
+    )
+    assert rc == 0
+    res = json.loads(out)
+    assert res["n_tokens"] == 9 and len(res["acceptance_by_position"]) == 2
+    assert set(res["time_split"]) == {"prefill", "draft", "verify", "sampling", "other"}
+
+
+def test_compare_reports_speedup_and_identity(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run_cli(
+        capsys,
+        "generate",
+        "hello",
+        *MOCK,
+        "-k",
+        "4",
+        "--max-new-tokens",
+        "10",
+        "--compare",
+        "--no-stop",
+    )
+    assert rc == 0
+    assert "speedup" in err and "outputs identical: yes" in err
+
+
+def test_k_zero_is_plain_decoding(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run_cli(
+        capsys, "generate", "hello", *MOCK, "-k", "0", "--max-new-tokens", "5", "--no-stop"
+    )
+    assert rc == 0 and "1.00 tokens/round" in err
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["-k", "-1"], "-k must be >= 0"),
+        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--top-p", "0"], "top_p must be in (0, 1]"),
+        (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["--max-new-tokens", "0"], "max-new-tokens"),
+        (["--n-ctx", "8"], "context window"),
+        (["--draft", "mock:close:32"], "vocabulary"),
+        (["--target", "mock:nonsense"], "unknown mock model"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
+) -> None:
+    rc, _, err = run_cli(capsys, "generate", "a prompt longer than eight tokens", *MOCK, *extra)
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("specdec: error:") and needle in lines[-1], err
+    assert "Traceback" not in err
+
+
+def test_empty_prompt(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run_cli(capsys, "generate", "   ", *MOCK)
+    assert rc == 2 and "empty" in err
+
+
+def test_unknown_model_and_corrupt_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, _, err = run_cli(capsys, "generate", "hi", "--target", "no-such-model", "--draft", "none")
+    assert rc == 2 and "no-such-model" in err and "Traceback" not in err
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 20)
+    rc, _, err = run_cli(
+        capsys,
+        "generate",
+        "hi",
+        "--target",
+        str(bad),
+        "--target-backend",
+        "llamacpp",
+        "--draft",
+        "none",
+    )
+    assert rc == 2 and "broken.gguf" in err and "Traceback" not in err
+
+
+class ShiftedTokenizer(MockTokenizer):
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return [
+            3 + (i + 1) % (self.vocab_size - 3) if i >= 3 else i
+            for i in super().encode(text, add_special_tokens=add_special_tokens)
+        ]
+
+
+def test_tokenizer_mismatch_names_the_first_differing_token() -> None:
+    a, b = MockLM(MockSpec()), MockLM(MockSpec())
+    b._tokenizer = ShiftedTokenizer(16)
+    with pytest.raises(VocabMismatchError, match="differ at token 0"):
+        check_same_vocabulary(a, b)
+    check_same_vocabulary(a, MockLM(MockSpec(seed=5)))  # same tokenizer: fine
+
+
+def test_console_entry_point_exit_code() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec", "generate", "x", "-k", "-3", *MOCK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("specdec: error:")
