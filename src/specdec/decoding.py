@@ -24,7 +24,7 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.model import ModelDrafter
 from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError, VocabMismatchError
 from specdec.models.base import CausalLM
-from specdec.policy import FixedK, KPolicy
+from specdec.policy import FixedK, KPolicy, RoundObservation
 from specdec.rejection import accept_reject
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.timing import Stopwatch, delta
@@ -226,7 +226,6 @@ def generate_stream(
         if n_acc < k_r:
             with sw.section("verify"):
                 target.truncate(len(ctx) + n_acc)
-        policy.observe(k_r, n_acc)
         emitted = [*draft_out.tokens[:n_acc], nxt]
         if stop_on_eos:
             for j, t in enumerate(emitted):
@@ -251,6 +250,7 @@ def generate_stream(
             t_round=time.perf_counter() - t0,
         )
         rounds.append(stats)
+        policy.observe(RoundObservation(k_r, n_acc, stats.t_draft, stats.t_verify, stats.t_round))
         yield RoundEvent(emitted, stats)
         if finish == "eos":
             break

@@ -1,4 +1,5 @@
-"""How many tokens to draft next round."""
+"""How many tokens to draft next round: fixed, or adapted online from what rounds cost and
+how many drafts they accepted (falling back to plain decoding when speculation loses)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,18 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from specdec.errors import ConfigError
+from specdec.theory import expected_tokens_per_round
+
+
+@dataclass(frozen=True)
+class RoundObservation:
+    """What a policy learns from one round (times in seconds)."""
+
+    k: int
+    n_accepted: int
+    t_draft: float
+    t_verify: float
+    t_round: float
 
 
 class KPolicy(Protocol):
@@ -13,7 +26,7 @@ class KPolicy(Protocol):
 
     def next_k(self) -> int: ...
 
-    def observe(self, k: int, n_accepted: int) -> None: ...
+    def observe(self, obs: RoundObservation) -> None: ...
 
 
 @dataclass
@@ -29,41 +42,94 @@ class FixedK:
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, k: int, n_accepted: int) -> None:
+    def observe(self, obs: RoundObservation) -> None:
         pass
+
+
+def _ew(old: float | None, new: float, decay: float) -> float:
+    return new if old is None else decay * old + (1 - decay) * new
 
 
 @dataclass
 class AdaptiveK:
-    """Pick K each round to maximise predicted tokens per unit time.
+    """Pick K in 0..k_max each round to maximise expected tokens per second.
 
-    Keeps exponentially weighted estimates of the per-position acceptance
-    a_i = P(accept i | reached i) and, with the cost model of ``specdec.theory``
-    (a round with K drafts costs K * c + verify(K + 1) in target-step units), picks the K in
-    0..k_max with the best expected tokens / cost. K = 0 (plain decoding) wins when
-    speculation would lose, which is the fallback.
+    Learned online, with exponential forgetting (``decay``):
+      a_i          P(accept draft i | drafts 1..i-1 accepted), per position
+      t_draft      seconds per drafted token
+      t_verify[n]  seconds of a target pass over n positions (n = K + 1)
+      t_other      seconds per round outside draft and verify (sampling, bookkeeping)
+    Expected tokens per round come from the positional acceptance (not the constant-rate
+    formula). Unmeasured verify sizes are extrapolated linearly from the measured ones, and
+    every ``probe_every`` rounds a neighbouring K (or K = 1 when plain decoding is winning) is
+    tried so that estimates stay current. K = 0 wins whenever speculation would lose, which is
+    the fallback to plain decoding.
     """
 
     k_max: int
-    c: float  # draft step time / target step time
-    verify_cost: list[float] | None = None  # verify(n) / verify(1) for n = 1..k_max+1
     decay: float = 0.9
-    prior: float = 0.6
+    prior_accept: float = 0.7
+    probe_every: int = 16
     accept: list[float] = field(default_factory=list)
+    t_draft: float | None = None
+    t_verify: dict[int, float] = field(default_factory=dict)
+    t_other: float | None = None
+    rounds: int = 0
+    _last_choice: int = 0
 
     def __post_init__(self) -> None:
         if self.k_max < 0:
             raise ConfigError(f"K must be >= 0, got {self.k_max}")
+        if not 0.0 < self.decay < 1.0:
+            raise ConfigError(f"decay must be in (0, 1), got {self.decay}")
         if not self.accept:
-            self.accept = [self.prior] * self.k_max
+            self.accept = [self.prior_accept] * self.k_max
+
+    def verify_time(self, n: int) -> float | None:
+        """Measured or linearly extrapolated time of a target pass over n positions."""
+        if n in self.t_verify:
+            return self.t_verify[n]
+        known = sorted(self.t_verify)
+        if not known:
+            return None
+        if len(known) == 1:
+            return self.t_verify[known[0]]  # no slope known yet: assume flat (optimistic)
+        lo = max((m for m in known if m < n), default=known[0])
+        hi = min((m for m in known if m > n), default=known[-1])
+        if lo == hi:
+            lo, hi = known[-2], known[-1]
+        slope = (self.t_verify[hi] - self.t_verify[lo]) / (hi - lo)
+        return max(0.0, self.t_verify[lo] + slope * (n - lo))
+
+    def expected_rate(self, k: int) -> float | None:
+        """Expected tokens per second with K = k, or None while the costs are unknown."""
+        tv = self.verify_time(k + 1)
+        if tv is None or (k > 0 and self.t_draft is None):
+            return None
+        cost = tv + (k * (self.t_draft or 0.0)) + (self.t_other or 0.0)
+        return expected_tokens_per_round(self.accept, k) / cost if cost > 0 else None
 
     def next_k(self) -> int:
-        from specdec.theory import best_k
+        if self.k_max == 0:
+            return 0
+        if self.rounds < 2:  # measure plain-ish and full-K costs first
+            choice = self.k_max if self.rounds == 0 else 1
+        else:
+            rates = {k: self.expected_rate(k) for k in range(self.k_max + 1)}
+            known = {k: r for k, r in rates.items() if r is not None}
+            choice = max(known, key=lambda k: (known[k], -k)) if known else self.k_max
+            if self.rounds % self.probe_every == 0:
+                choice = 1 if choice == 0 else min(self.k_max, choice + 1)
+        self._last_choice = choice
+        return choice
 
-        return best_k(self.accept, self.c, self.verify_cost, self.k_max)
-
-    def observe(self, k: int, n_accepted: int) -> None:
-        # position i (0-based) was reached when i <= n_accepted and i < k
-        for i in range(min(k, n_accepted + 1)):
-            hit = 1.0 if i < n_accepted else 0.0
-            self.accept[i] = self.decay * self.accept[i] + (1 - self.decay) * hit
+    def observe(self, obs: RoundObservation) -> None:
+        self.rounds += 1
+        d = self.decay
+        for i in range(min(obs.k, obs.n_accepted + 1)):
+            self.accept[i] = _ew(self.accept[i], 1.0 if i < obs.n_accepted else 0.0, d)
+        if obs.k > 0:
+            self.t_draft = _ew(self.t_draft, obs.t_draft / obs.k, d)
+        n = obs.k + 1
+        self.t_verify[n] = _ew(self.t_verify.get(n), obs.t_verify, d)
+        self.t_other = _ew(self.t_other, max(0.0, obs.t_round - obs.t_draft - obs.t_verify), d)

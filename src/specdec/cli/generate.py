@@ -76,7 +76,7 @@ def _policy(args: argparse.Namespace, has_drafter: bool) -> KPolicy:
     if not has_drafter or args.k == 0:
         return FixedK(0)
     if args.adaptive:
-        return AdaptiveK(k_max=args.k, c=0.1)
+        return AdaptiveK(k_max=args.k)
     return FixedK(args.k)
 
 

@@ -1,0 +1,90 @@
+"""K policies and the speed model (pure; synthetic timings, no clocks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.decoding import generate
+from specdec.errors import ConfigError
+from specdec.models.mock import mock_pair
+from specdec.policy import AdaptiveK, FixedK, RoundObservation
+from specdec.theory import (
+    best_k,
+    expected_tokens_per_round,
+    geometric_tokens_per_round,
+    predicted_speedup,
+)
+
+
+def feed(
+    policy: AdaptiveK, rounds: int, accept_p: float, t_draft: float, t_verify: callable
+) -> list[int]:  # type: ignore[valid-type]
+    """Drive the policy with deterministic synthetic rounds; returns the Ks it chose."""
+    ks = []
+    credit = 0.0
+    for _ in range(rounds):
+        k = policy.next_k()
+        ks.append(k)
+        n = 0
+        while n < k:  # deterministic acceptance: accept while the running credit allows
+            credit += accept_p
+            if credit >= 1.0:
+                credit -= 1.0
+                n += 1
+            else:
+                break
+        tv = t_verify(k + 1)  # type: ignore[misc]
+        policy.observe(RoundObservation(k, n, t_draft * k, tv, t_draft * k + tv + 0.001))
+    return ks
+
+
+def test_adaptive_goes_long_when_verification_is_parallel_and_drafts_cheap() -> None:
+    pol = AdaptiveK(k_max=8)
+    ks = feed(pol, 200, accept_p=0.95, t_draft=0.01, t_verify=lambda n: 0.25)
+    assert sorted(ks[-50:])[25] >= 6
+
+
+def test_adaptive_falls_back_to_plain_when_speculation_loses() -> None:
+    pol = AdaptiveK(k_max=8)
+    # serial verification and a draft half as expensive as the target: never pays
+    ks = feed(pol, 200, accept_p=0.4, t_draft=0.2, t_verify=lambda n: 0.4 * n)
+    assert ks[-50:].count(0) >= 40  # plain, apart from the periodic probes
+
+
+def test_adaptive_is_lossless_on_mocks() -> None:
+    draft, target = mock_pair("close", vocab_size=16)
+    prompt = [0, 4, 5]
+    plain = generate(target, None, prompt, max_new_tokens=60, k=0, stop_on_eos=False)
+    spec = generate(
+        target, draft, prompt, max_new_tokens=60, k=AdaptiveK(k_max=6), stop_on_eos=False
+    )
+    assert spec.tokens == plain.tokens
+    assert len({r.k for r in spec.rounds}) > 1  # it did adapt
+
+
+def test_policy_validation() -> None:
+    with pytest.raises(ConfigError):
+        FixedK(-1)
+    with pytest.raises(ConfigError):
+        AdaptiveK(k_max=-2)
+    with pytest.raises(ConfigError):
+        AdaptiveK(k_max=3, decay=1.0)
+
+
+def test_expected_tokens_by_hand() -> None:
+    assert expected_tokens_per_round([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens_per_round([1.0] * 4, 4) == 5
+    assert geometric_tokens_per_round(0.5, 2) == pytest.approx(1.75)
+    # decaying acceptance: the geometric formula with the pooled rate overestimates
+    accept = [0.9, 0.5, 0.2]
+    pooled = (0.9 + 0.9 * 0.5 + 0.9 * 0.5 * 0.2) / (1 + 0.9 + 0.9 * 0.5)
+    assert geometric_tokens_per_round(pooled, 3) > expected_tokens_per_round(accept, 3) - 1
+
+
+def test_predicted_speedup_and_best_k() -> None:
+    # perfect drafts, free drafting, parallel verification: K + 1 tokens per target pass
+    assert predicted_speedup([1.0] * 4, 4, c=0.0) == 5
+    # serial verification (cost K + 1) with c = 0.5 never beats plain
+    serial = [float(n) for n in range(1, 10)]
+    assert best_k([0.6] * 8, 0.5, serial, 8) == 0
+    assert best_k([0.9] * 8, 0.05, [1.0] * 9, 8) == 8
