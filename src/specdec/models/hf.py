@@ -98,7 +98,7 @@ def _load_from_gguf(gguf: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
     if (cached / "specdec-converted.json").exists():
         return _load_dir(cached, torch_dtype)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model: Any = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
         )
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
