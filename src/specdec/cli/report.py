@@ -1,16 +1,30 @@
-"""`specdec report` (not implemented yet)."""
+"""`specdec report`: markdown and PNG plots from a `specdec bench` results file."""
 
 from __future__ import annotations
 
 import argparse
 
-from specdec.errors import SpecdecError
-
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="(not implemented yet)")
+    p = sub.add_parser(
+        "report",
+        help="write a markdown report with plots from bench results",
+        description=(
+            "Read a results JSONL written by 'specdec bench' and write report.md plus PNG plots "
+            "(speedup vs K with 95 % CIs, acceptance by draft position, verify-batch scaling, "
+            "time split, acceptance by category, predicted vs measured speedup)."
+        ),
+    )
+    p.add_argument("results", metavar="RESULTS.jsonl", help="results file from 'specdec bench'")
+    p.add_argument(
+        "--out", metavar="DIR", help="output directory (default: <results stem>-report/)"
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise SpecdecError("'specdec report' is not implemented yet")
+    from specdec.bench.report import write_report
+
+    md = write_report(args.results, args.out)
+    print(f"report written to {md}")
+    return 0

@@ -1,0 +1,307 @@
+"""Statistics over measurement records: speedups, their spread, pooled acceptance, verdicts.
+
+Everything here is a pure function of records read from a results file (plain dicts), so the
+report's numbers can be recomputed and tested on hand-made data.
+
+Conventions
+- speedup of a K > 0 measurement = its tokens/s / tokens/s of plain decoding (K = 0) of the
+  same configuration, mode, prompt and repeat (seed-paired, measured in the same run).
+- the point estimate of a (configuration, mode, K) cell is the geometric mean of its
+  speedups; its 95 % CI is a percentile bootstrap that resamples prompts (all repeats of a
+  prompt travel together: repeats of one prompt are not independent samples of the content).
+- positional acceptance pools counts: a_i = sum accepted_i / sum reached_i, which weights each
+  round equally (averaging per-prompt rates would over-weight short generations).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specdec.theory import predicted_speedup
+
+Record = dict[str, Any]
+N_BOOT = 2000
+BOOT_SEED = 12345
+
+
+def fill_acceptance(reached: Sequence[int], accepted: Sequence[int]) -> list[float]:
+    """a_i = accepted_i / reached_i; a never-reached position repeats the previous value (only
+    clamped final rounds leave a position unreached after an accepted one), position 1 -> 0."""
+    out: list[float] = []
+    prev = 0.0
+    for n, a in zip(reached, accepted, strict=True):
+        prev = a / n if n else prev
+        out.append(prev)
+    return out
+
+
+def predicted_from_counts(
+    reached: Sequence[int],
+    accepted: Sequence[int],
+    k: int,
+    c: float | None,
+    verify_ratio: Sequence[float] | None,
+) -> float | None:
+    """Predicted speedup at K from positional acceptance counts and the measured costs."""
+    if k == 0:
+        return 1.0
+    if c is None or not math.isfinite(c) or len(reached) < k:
+        return None
+    vr = list(verify_ratio) if verify_ratio else None
+    if vr is not None and not all(math.isfinite(v) for v in vr):
+        vr = None
+    return predicted_speedup(fill_acceptance(reached, accepted), k, c, vr)
+
+
+# -- pairing and spread ------------------------------------------------------------------
+
+
+def attach_speedups(measurements: Iterable[Record]) -> list[Record]:
+    """Copies of the K > 0 records with 'speedup' recomputed from the paired plain record
+    (records without a plain partner are dropped)."""
+    ms = list(measurements)
+    plain = {
+        (m["config"], m["mode"], m["prompt_id"], m["repeat"]): m["tokens_per_second"]
+        for m in ms
+        if m["k"] == 0
+    }
+    out = []
+    for m in ms:
+        if m["k"] == 0:
+            continue
+        base = plain.get((m["config"], m["mode"], m["prompt_id"], m["repeat"]))
+        tps = m.get("tokens_per_second")
+        if base is None or tps is None or not base > 0:
+            continue
+        out.append({**m, "speedup": tps / base})
+    return out
+
+
+@dataclass
+class Spread:
+    """Summary of one cell's speedups (or any positive ratio)."""
+
+    n: int  # measurements
+    n_prompts: int  # independent units (prompts)
+    geomean: float
+    ci_low: float  # nan when fewer than two prompts
+    ci_high: float
+    median: float
+    q25: float
+    q75: float
+
+
+def cluster_bootstrap_geomean(
+    values: Sequence[float], clusters: Sequence[str], n_boot: int = N_BOOT, seed: int = BOOT_SEED
+) -> tuple[float, float]:
+    """95 % percentile-bootstrap CI of the geometric mean, resampling whole clusters."""
+    logs = np.log(np.asarray(values, dtype=np.float64))
+    ids = sorted(set(clusters))
+    if len(ids) < 2:
+        return float("nan"), float("nan")
+    index = {c: i for i, c in enumerate(ids)}
+    cl = np.array([index[c] for c in clusters])
+    sums = np.bincount(cl, weights=logs, minlength=len(ids))  # [C]
+    counts = np.bincount(cl, minlength=len(ids)).astype(np.float64)  # [C]
+    rng = np.random.default_rng(seed)
+    draw = rng.integers(0, len(ids), size=(n_boot, len(ids)))  # [B, C]
+    means = sums[draw].sum(axis=1) / counts[draw].sum(axis=1)  # [B]
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(np.exp(lo)), float(np.exp(hi))
+
+
+def spread(values: Sequence[float], clusters: Sequence[str]) -> Spread:
+    v = np.asarray(values, dtype=np.float64)
+    lo, hi = cluster_bootstrap_geomean(values, clusters)
+    q25, med, q75 = np.percentile(v, [25, 50, 75])
+    return Spread(
+        n=len(v),
+        n_prompts=len(set(clusters)),
+        geomean=float(np.exp(np.mean(np.log(v)))),
+        ci_low=lo,
+        ci_high=hi,
+        median=float(med),
+        q25=float(q25),
+        q75=float(q75),
+    )
+
+
+Cell = tuple[str, str, int]  # (config, mode, k)
+
+
+def speedup_cells(measurements: Iterable[Record]) -> dict[Cell, Spread]:
+    """Spread of the speedup per (configuration, mode, K)."""
+    groups: dict[Cell, tuple[list[float], list[str]]] = defaultdict(lambda: ([], []))
+    for m in attach_speedups(measurements):
+        if m["speedup"] > 0:
+            vals, cls = groups[(m["config"], m["mode"], m["k"])]
+            vals.append(m["speedup"])
+            cls.append(m["prompt_id"])
+    return {cell: spread(v, c) for cell, (v, c) in sorted(groups.items())}
+
+
+# -- acceptance --------------------------------------------------------------------------
+
+
+def pooled_acceptance(measurements: Iterable[Record]) -> tuple[list[int], list[int]]:
+    """Summed (reached, accepted) counts per draft position over K > 0 records."""
+    reached: list[int] = []
+    accepted: list[int] = []
+    for m in measurements:
+        if m["k"] == 0:
+            continue
+        r, a = m.get("reached") or [], m.get("accepted") or []
+        if len(reached) < len(r):
+            reached += [0] * (len(r) - len(reached))
+            accepted += [0] * (len(r) - len(accepted))
+        for i, (n, x) in enumerate(zip(r, a, strict=True)):
+            reached[i] += int(n)
+            accepted[i] += int(x)
+    return reached, accepted
+
+
+def rates(reached: Sequence[int], accepted: Sequence[int]) -> list[float]:
+    return [a / n if n else float("nan") for n, a in zip(reached, accepted, strict=True)]
+
+
+def overall_rate(reached: Sequence[int], accepted: Sequence[int]) -> float:
+    """Accepted drafts / drafts that were checked, pooled over positions."""
+    n = sum(reached)
+    return sum(accepted) / n if n else float("nan")
+
+
+def group_by(records: Iterable[Record], *fields: str) -> dict[tuple[Any, ...], list[Record]]:
+    out: dict[tuple[Any, ...], list[Record]] = defaultdict(list)
+    for r in records:
+        out[tuple(r[f] for f in fields)].append(r)
+    return dict(sorted(out.items(), key=lambda kv: tuple(str(x) for x in kv[0])))
+
+
+def time_split_fractions(measurements: Iterable[Record]) -> dict[str, float]:
+    """Fraction of summed wall time in prefill / draft / verify / sampling / other."""
+    parts = ("prefill", "draft", "verify", "sampling", "other")
+    tot = dict.fromkeys(parts, 0.0)
+    for m in measurements:
+        ts = m.get("time_split") or {}
+        for p in parts:
+            tot[p] += float(ts.get(p) or 0.0)
+    s = sum(tot.values())
+    return {p: (v / s if s > 0 else float("nan")) for p, v in tot.items()}
+
+
+def mean_or_nan(values: Iterable[float | None]) -> float:
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    return float(np.mean(v)) if v else float("nan")
+
+
+# -- the per-configuration summary --------------------------------------------------------
+
+
+@dataclass
+class ConfigSummary:
+    """The headline row of one (configuration, mode)."""
+
+    config: str
+    mode: str
+    best_k: int | None
+    best: Spread | None
+    plateau: list[int] = field(default_factory=list)
+    verify8: float = float("nan")  # verify(8) / verify(1)
+    verify5: float = float("nan")
+    c: float = float("nan")
+    c_flops: float | None = None
+    acceptance: float = float("nan")  # pooled over positions and K
+    predicted_best: float = float("nan")
+    verdict: str = ""
+
+
+def _ratio_at(profile: Record | None, n: int) -> float:
+    if not profile:
+        return float("nan")
+    vr = profile.get("verify_ratio") or []
+    return float(vr[n - 1]) if len(vr) >= n and vr[n - 1] is not None else float("nan")
+
+
+def _best_predicted(
+    accept: Sequence[float], c: float, verify: Sequence[float] | None, k_max: int
+) -> float:
+    return max(predicted_speedup(accept, k, c, verify) for k in range(1, k_max + 1))
+
+
+def diagnose(
+    accept: Sequence[float], c: float, verify_ratio: Sequence[float] | None, k_max: int
+) -> str:
+    """Which cost keeps speculation from paying: compare the best predicted speedup with
+    perfectly parallel verification (verify(n) = verify(1)) and with a free draft (c = 0)."""
+    if k_max < 1 or not accept or not math.isfinite(c):
+        return "unknown"
+    vr = list(verify_ratio) if verify_ratio else None
+    flat = _best_predicted(accept, c, None, k_max)
+    free = _best_predicted(accept, 0.0, vr, k_max)
+    if flat <= 1.0 and free <= 1.0:
+        return "acceptance"
+    return "verify" if flat >= free else "draft"
+
+
+def summarize_config(
+    config: str,
+    mode: str,
+    cells: dict[Cell, Spread],
+    measurements: Sequence[Record],
+    profile: Record | None,
+) -> ConfigSummary:
+    own = {k: s for (cfg, md, k), s in cells.items() if cfg == config and md == mode}
+    ms = [m for m in measurements if m["config"] == config and m["mode"] == mode]
+    reached, accepted = pooled_acceptance(ms)
+    out = ConfigSummary(config, mode, None, None)
+    out.acceptance = overall_rate(reached, accepted)
+    out.verify8 = _ratio_at(profile, 8)
+    out.verify5 = _ratio_at(profile, 5)
+    if profile:
+        out.c = float(profile["c"]) if profile.get("c") is not None else float("nan")
+        out.c_flops = profile.get("c_flops")
+    if own:
+        best_k = max(own, key=lambda k: own[k].geomean)
+        best = own[best_k]
+        out.best_k, out.best = best_k, best
+        if math.isfinite(best.ci_low):
+            out.plateau = sorted(
+                k for k, s in own.items() if s.ci_high >= best.ci_low and s.ci_low <= best.ci_high
+            )
+        else:
+            out.plateau = [best_k]
+    accept = fill_acceptance(reached, accepted)
+    k_max = max(own) if own else 0
+    vr = profile.get("verify_ratio") if profile else None
+    if accept and k_max and math.isfinite(out.c):
+        out.predicted_best = _best_predicted(accept, out.c, vr, min(k_max, len(accept)))
+    out.verdict = verdict(out, accept, vr, min(k_max, len(accept)))
+    return out
+
+
+def verdict(
+    s: ConfigSummary, accept: Sequence[float], vr: Sequence[float] | None, k_max: int
+) -> str:
+    """One line: does speculation pay here, and if not, which cost is to blame."""
+    if s.best is None:
+        return "no speculative measurements"
+    b = s.best
+    has_ci = math.isfinite(b.ci_low)
+    if b.geomean > 1.0 and (not has_ci or b.ci_low > 1.0):
+        return f"speculation pays ({b.geomean:.2f}x at K = {s.best_k})"
+    if has_ci and b.ci_low <= 1.0 < b.ci_high:
+        return f"inconclusive: the 95 % CI of the best K spans 1 ({b.ci_low:.2f}-{b.ci_high:.2f}x)"
+    cause = diagnose(accept, s.c, vr, k_max)
+    if cause == "verify":
+        return f"decelerates: verification is serial (verify(5)/verify(1) = {s.verify5:.2f})"
+    if cause == "draft":
+        return f"decelerates: draft not cheap enough (c = {s.c:.2f})"
+    if cause == "acceptance":
+        return f"decelerates: acceptance too low ({s.acceptance:.0%} of drafts accepted)"
+    return "decelerates"

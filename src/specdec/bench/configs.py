@@ -1,0 +1,189 @@
+"""Benchmark configurations: which draft (a model, or n-gram lookup) feeds which target.
+
+A configuration is written on the command line as comma-separated ``key=value`` pairs::
+
+    draft=qwen2.5-coder-0.5b-instruct-q4_k_m,draft_backend=llamacpp,
+    target=qwen2.5-coder-1.5b-instruct-q4_k_m,target_backend=hf,dtype=bfloat16
+
+Keys: ``draft`` (a model reference, ``ngram`` or ``ngram:MAX_N``), ``target``, ``label``, and
+``backend`` / ``device`` / ``dtype`` (both models) or with a ``draft_`` / ``target_`` prefix
+(one model), ``n_ctx``, ``n_threads``, ``ngram_min``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from specdec.errors import ConfigError
+from specdec.models.loader import ModelConfig
+
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+DEFAULT_N_CTX = 2048  # fits every Spec-Bench prompt (<= ~1,700 Qwen tokens) plus the output
+
+
+@dataclass(frozen=True)
+class NgramSpec:
+    """The prompt-lookup drafter's n-gram sizes."""
+
+    max_n: int = 3
+    min_n: int = 1
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One draft -> target configuration; ``label`` names it in results and reports."""
+
+    label: str
+    target: ModelConfig
+    draft: ModelConfig | None = None  # a draft model, or None with ``ngram``
+    ngram: NgramSpec | None = None
+
+    def __post_init__(self) -> None:
+        if (self.draft is None) == (self.ngram is None):
+            raise ConfigError(
+                f"configuration {self.label!r} needs exactly one drafter: a draft model or ngram"
+            )
+        if not self.label or any(c in self.label for c in "\n\t"):
+            raise ConfigError(f"bad configuration label {self.label!r}")
+
+    @property
+    def drafter_kind(self) -> str:
+        return "ngram" if self.ngram is not None else "model"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "target": asdict(self.target),
+            "draft": asdict(self.draft) if self.draft is not None else None,
+            "ngram": asdict(self.ngram) if self.ngram is not None else None,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> BenchConfig:
+        return BenchConfig(
+            label=d["label"],
+            target=ModelConfig(**d["target"]),
+            draft=ModelConfig(**d["draft"]) if d.get("draft") else None,
+            ngram=NgramSpec(**d["ngram"]) if d.get("ngram") else None,
+        )
+
+
+def short_name(cfg: ModelConfig) -> str:
+    """'llamacpp', 'hf-bf16', 'mock:close', ... : the backend and precision in a few chars."""
+    backend = cfg.resolved_backend()
+    if backend == "mock":
+        return cfg.model
+    if backend == "hf":
+        dt = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(cfg.dtype, cfg.dtype)
+        return f"hf-{dt}"
+    return backend
+
+
+def default_label(draft: ModelConfig | None, ngram: NgramSpec | None, target: ModelConfig) -> str:
+    d = short_name(draft) if draft is not None else f"ngram{ngram.max_n if ngram else 3}"
+    return f"{d}->{short_name(target)}"
+
+
+def _mc(model: str, backend: str, dtype: str = "auto") -> ModelConfig:
+    return ModelConfig(model=model, backend=backend, dtype=dtype, n_ctx=DEFAULT_N_CTX)
+
+
+def default_matrix(draft: str = DEFAULT_DRAFT, target: str = DEFAULT_TARGET) -> list[BenchConfig]:
+    """The five configurations of the study, cheapest first:
+    (a) llama.cpp -> llama.cpp, (b) llama.cpp -> hf bf16, (c) hf bf16 -> hf bf16,
+    (d) hf fp32 -> hf fp32, (e) n-gram prompt lookup -> hf bf16."""
+    return [
+        BenchConfig("llamacpp->llamacpp", _mc(target, "llamacpp"), draft=_mc(draft, "llamacpp")),
+        BenchConfig(
+            "llamacpp->hf-bf16", _mc(target, "hf", "bfloat16"), draft=_mc(draft, "llamacpp")
+        ),
+        BenchConfig(
+            "hf-bf16->hf-bf16", _mc(target, "hf", "bfloat16"), draft=_mc(draft, "hf", "bfloat16")
+        ),
+        BenchConfig(
+            "hf-fp32->hf-fp32", _mc(target, "hf", "float32"), draft=_mc(draft, "hf", "float32")
+        ),
+        BenchConfig("ngram->hf-bf16", _mc(target, "hf", "bfloat16"), ngram=NgramSpec()),
+    ]
+
+
+def quick_matrix() -> list[BenchConfig]:
+    """``--quick``: the decelerating (a) and the paying (b) configuration of the default set."""
+    return default_matrix()[:2]
+
+
+_MODEL_KEYS = ("backend", "device", "dtype")
+_KNOWN = {
+    "draft",
+    "target",
+    "label",
+    "n_ctx",
+    "n_threads",
+    "ngram_min",
+    *_MODEL_KEYS,
+    *(f"{role}_{k}" for role in ("draft", "target") for k in _MODEL_KEYS),
+}
+
+
+def _int(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError as e:
+        raise ConfigError(f"configuration key {key} needs an integer, got {value!r}") from e
+
+
+def parse_config(spec: str) -> BenchConfig:
+    """Parse ``key=value,...`` (see the module docstring) into a BenchConfig."""
+    kv: dict[str, str] = {}
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not key:
+            raise ConfigError(f"bad configuration item {part!r} in {spec!r}: use key=value")
+        if key not in _KNOWN:
+            raise ConfigError(
+                f"unknown configuration key {key!r}; known keys: {', '.join(sorted(_KNOWN))}"
+            )
+        if key in kv:
+            raise ConfigError(f"configuration key {key!r} given twice in {spec!r}")
+        kv[key] = value
+    if "target" not in kv:
+        raise ConfigError(f"configuration {spec!r} has no target=...")
+    draft_ref = kv.get("draft", DEFAULT_DRAFT)
+    n_ctx = _int("n_ctx", kv["n_ctx"]) if "n_ctx" in kv else DEFAULT_N_CTX
+    n_threads = _int("n_threads", kv["n_threads"]) if "n_threads" in kv else None
+
+    def model(role: str, ref: str) -> ModelConfig:
+        opts = {k: kv.get(f"{role}_{k}", kv.get(k, "auto")) for k in _MODEL_KEYS}
+        return ModelConfig(model=ref, n_ctx=n_ctx, n_threads=n_threads, **opts)
+
+    target = model("target", kv["target"])
+    draft: ModelConfig | None = None
+    ngram: NgramSpec | None = None
+    if draft_ref == "ngram" or draft_ref.startswith("ngram:"):
+        _, _, n = draft_ref.partition(":")
+        max_n = _int("draft", n) if n else 3
+        min_n = _int("ngram_min", kv["ngram_min"]) if "ngram_min" in kv else 1
+        if not 1 <= min_n <= max_n:
+            raise ConfigError(f"n-gram sizes need 1 <= min <= max, got {min_n}, {max_n}")
+        ngram = NgramSpec(max_n=max_n, min_n=min_n)
+    elif draft_ref in ("", "none"):
+        raise ConfigError("a bench configuration needs a drafter (plain decoding is always run)")
+    else:
+        draft = model("draft", draft_ref)
+    label = kv.get("label") or default_label(draft, ngram, target)
+    return BenchConfig(label=label, target=target, draft=draft, ngram=ngram)
+
+
+def check_unique_labels(configs: list[BenchConfig]) -> None:
+    labels = [c.label for c in configs]
+    dups = sorted({x for x in labels if labels.count(x) > 1})
+    if dups:
+        raise ConfigError(
+            f"configuration label(s) {', '.join(dups)} used twice; add label=... to tell them apart"
+        )

@@ -1,0 +1,188 @@
+"""The results file: JSON lines, appended and fsynced one record at a time.
+
+Record types (field ``type``):
+  header       one per session (a run, or a resumed run): machine, versions, argv, plan
+  profile      one per configuration: verify scaling, step latencies, c
+  measurement  one per generation: key fields, speed, acceptance counts, time split
+  skip         a prompt that cannot run on a configuration (e.g. too long), with the reason
+
+A crash or Ctrl-C can only leave a partial last line; readers ignore it and ``open_for_append``
+cuts it off before appending, so a resumed file stays one valid record per line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import ConfigError
+
+SCHEMA_VERSION = 1
+Key = tuple[str, str, str, int, int]  # (config, mode, prompt_id, repeat, k)
+
+
+def clean(obj: Any) -> Any:
+    """JSON-safe copy: NaN / inf become None (strict JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean(v) for v in obj]
+    return obj
+
+
+def measurement_key(rec: dict[str, Any]) -> Key:
+    return (
+        str(rec["config"]),
+        str(rec["mode"]),
+        str(rec["prompt_id"]),
+        int(rec["repeat"]),
+        int(rec["k"]),
+    )
+
+
+@dataclass
+class Results:
+    """Everything read back from a results file."""
+
+    headers: list[dict[str, Any]] = field(default_factory=list)
+    profiles: list[dict[str, Any]] = field(default_factory=list)
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+    skips: list[dict[str, Any]] = field(default_factory=list)
+    bad_lines: list[int] = field(default_factory=list)  # unparsable lines (1-based), not last
+    partial_tail: bool = False  # the last line was cut short (a crash mid-write)
+
+    def keys(self) -> set[Key]:
+        return {measurement_key(m) for m in self.measurements}
+
+    def profile_for(self, config: str) -> dict[str, Any] | None:
+        """The latest profile record of a configuration."""
+        found = [p for p in self.profiles if p.get("config") == config]
+        return found[-1] if found else None
+
+
+def parse_records(lines: Iterable[str], ends_with_newline: bool = True) -> Results:
+    res = Results()
+    lines = list(lines)
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            if i == len(lines) and not ends_with_newline:
+                res.partial_tail = True
+            else:
+                res.bad_lines.append(i)
+            continue
+        kind = rec.get("type")
+        if kind == "header":
+            res.headers.append(rec)
+        elif kind == "profile":
+            res.profiles.append(rec)
+        elif kind == "measurement":
+            try:
+                measurement_key(rec)
+            except (KeyError, TypeError, ValueError):
+                res.bad_lines.append(i)
+                continue
+            res.measurements.append(rec)
+        elif kind == "skip":
+            res.skips.append(rec)
+        else:
+            res.bad_lines.append(i)
+    return res
+
+
+def read_results(path: str | Path) -> Results:
+    """Read a results file, tolerating a partial last line (and counting other bad lines)."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError as e:
+        raise ConfigError(f"results file {p} not found") from e
+    except OSError as e:
+        raise ConfigError(f"cannot read results file {p}: {e}") from e
+    text = data.decode("utf-8", errors="replace")
+    return parse_records(text.split("\n"), ends_with_newline=text.endswith("\n") or not text)
+
+
+def _repair_tail(path: Path) -> bool:
+    """Cut a partial last line off the file; True when something was cut."""
+    with path.open("rb+") as f:
+        data = f.read()
+        if not data or data.endswith(b"\n"):
+            return False
+        cut = data.rfind(b"\n") + 1  # 0 when the file is one partial line
+        tail = data[cut:]
+        try:
+            json.loads(tail.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            f.truncate(cut)
+            f.flush()
+            os.fsync(f.fileno())
+            return True
+        f.write(b"\n")  # a complete record that only missed its newline
+        f.flush()
+        os.fsync(f.fileno())
+        return False
+
+
+class ResultsWriter:
+    """Appends records to a JSONL file; every record is flushed and fsynced before returning."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._f = self.path.open("a", encoding="utf-8")
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(clean(record), allow_nan=False, separators=(",", ":"))
+        self._f.write(line + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def __enter__(self) -> ResultsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_for_append(
+    path: str | Path, *, resume: bool, overwrite: bool
+) -> tuple[ResultsWriter, Results, bool]:
+    """Open the results file for a run: (writer, what was already there, partial line cut).
+
+    Without resume or overwrite an existing non-empty file is an error (nothing is lost by
+    accident); with resume its records are read back so finished measurements are skipped.
+    """
+    p = Path(path)
+    existing = Results()
+    cut = False
+    if p.exists() and p.stat().st_size > 0:
+        if resume:
+            cut = _repair_tail(p)
+            existing = read_results(p)
+        elif overwrite:
+            p.unlink()
+        else:
+            raise ConfigError(
+                f"{p} already holds results; pass --resume to continue it or --overwrite to "
+                "replace it"
+            )
+    elif p.exists() and overwrite:
+        p.unlink()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return ResultsWriter(p), existing, cut

@@ -1,0 +1,378 @@
+"""Run a bench plan: load each configuration once, profile it, measure, append each result.
+
+Crash safety: every finished measurement is one fsynced JSON line, so an interruption loses
+at most the generation in progress; ``resume=True`` skips every measurement whose key
+(configuration, mode, prompt, repeat, K) is already in the file.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from specdec.bench.analysis import predicted_from_counts
+from specdec.bench.configs import BenchConfig
+from specdec.bench.machine import git_commit, machine_info, package_versions
+from specdec.bench.plan import MODES, BenchPlan, Measurement, measurements
+from specdec.bench.profile import profile_config
+from specdec.bench.prompts import Prompt, select_prompts
+from specdec.bench.results import SCHEMA_VERSION, Results, ResultsWriter, open_for_append
+from specdec.decoding import GenerationResult, generate
+from specdec.drafters import NgramDrafter
+from specdec.drafters.base import Drafter
+from specdec.errors import ConfigError, SpecdecError
+from specdec.models.base import CausalLM, check_same_vocabulary
+from specdec.models.loader import ModelConfig, load_model
+from specdec.prompting import encode_prompt
+
+Loader = Callable[[ModelConfig], CausalLM]
+Hook = Callable[[dict[str, Any]], None]
+Log = Callable[[str], None]
+
+
+@dataclass
+class BenchOutcome:
+    path: Path
+    session: int
+    measured: int = 0  # new measurements this session
+    already_done: int = 0  # skipped because the file had them (resume)
+    skipped_prompts: list[str] = field(default_factory=list)  # "config: prompt (reason)"
+    partial_line_cut: bool = False
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# Plan fields that must agree between a file and a resumed run (they change what a
+# measurement with a given key means).
+_COMPAT_FIELDS = ("max_new_tokens", "stop_on_eos", "chat", "seed")
+
+
+def check_resume_compatible(plan: BenchPlan, existing: Results) -> None:
+    if not existing.headers:
+        return
+    first = existing.headers[0].get("plan", {})
+    for name in _COMPAT_FIELDS:
+        if name in first and first[name] != getattr(plan, name):
+            raise ConfigError(
+                f"cannot resume: the file was measured with {name} = {first[name]!r}, this run "
+                f"asks for {getattr(plan, name)!r}"
+            )
+    before = {c["label"]: c for h in existing.headers for c in h.get("plan", {}).get("configs", [])}
+    for cfg in plan.configs:
+        old = before.get(cfg.label)
+        if old is not None and old != cfg.to_dict():
+            raise ConfigError(
+                f"cannot resume: configuration {cfg.label!r} was measured with other settings "
+                f"({old}); give the new one another label=..."
+            )
+
+
+def header_record(
+    plan: BenchPlan, session: int, argv: Sequence[str] | None, prompts: Sequence[Prompt]
+) -> dict[str, Any]:
+    return {
+        "type": "header",
+        "schema": SCHEMA_VERSION,
+        "session": session,
+        "started": _now(),
+        "argv": list(argv) if argv is not None else None,
+        "machine": machine_info(),
+        "versions": package_versions(),
+        "git": git_commit(),
+        "plan": plan.to_dict(),
+        "prompts": [{"id": p.id, "category": p.category, "fine": p.fine_category} for p in prompts],
+    }
+
+
+def measurement_record(
+    m: Measurement,
+    res: GenerationResult,
+    *,
+    session: int,
+    drafter_kind: str,
+    max_new_tokens: int,
+    plain_tps: float | None,
+    profile: dict[str, Any] | None,
+) -> dict[str, Any]:
+    reached, accepted = res.acceptance_counts()
+    reached = (reached + [0] * m.k)[: m.k]  # one entry per draft position 1..K
+    accepted = (accepted + [0] * m.k)[: m.k]
+    tps = res.tokens_per_second
+    speedup = tps / plain_tps if m.k > 0 and plain_tps and plain_tps > 0 else None
+    predicted = predicted_from_counts(
+        reached,
+        accepted,
+        m.k,
+        profile.get("c") if profile else None,
+        profile.get("verify_ratio") if profile else None,
+    )
+    return {
+        "type": "measurement",
+        "session": session,
+        "config": m.config,
+        "mode": m.mode,
+        "temperature": MODES[m.mode].temperature,
+        "prompt_id": m.prompt.id,
+        "category": m.prompt.category,
+        "fine_category": m.prompt.fine_category,
+        "repeat": m.repeat,
+        "k": m.k,
+        "seed": m.seed,
+        "drafter": "none" if m.k == 0 else drafter_kind,
+        "max_new_tokens": max_new_tokens,
+        "prompt_tokens": len(res.prompt_ids),
+        "n_tokens": len(res.tokens),
+        "finish_reason": res.finish_reason,
+        "rounds": res.n_rounds,
+        "drafted": sum(r.k for r in res.rounds),
+        "t_total": res.t_total,
+        "t_prefill": res.t_prefill,
+        "t_decode": res.t_total - res.t_prefill,
+        "tokens_per_second": tps,
+        "mean_accepted_per_round": res.mean_accepted_per_round if m.k else 0.0,
+        "mean_tokens_per_round": res.mean_tokens_per_round,
+        "reached": reached,
+        "accepted": accepted,
+        "time_split": res.time_split(),
+        "plain_tokens_per_second": plain_tps,
+        "speedup": speedup,
+        "predicted_speedup": predicted,
+        "finished": _now(),
+        "tokens": res.tokens,
+    }
+
+
+def _use_chat(plan: BenchPlan, target: CausalLM) -> bool:
+    has = callable(getattr(target.tokenizer, "apply_chat", None))
+    if plan.chat == "on" and not has:
+        raise ConfigError("chat=on but the target tokenizer has no chat template")
+    return has if plan.chat == "auto" else plan.chat == "on"
+
+
+def _release(*models: object) -> None:
+    for m in models:
+        close = getattr(m, "close", None)
+        if callable(close):
+            close()
+
+
+class _Runner:
+    """One bench session (kept small: the state of a run, not module state)."""
+
+    def __init__(
+        self,
+        plan: BenchPlan,
+        writer: ResultsWriter,
+        existing: Results,
+        session: int,
+        loader: Loader,
+        bar: tqdm,
+        log: Log,
+        on_record: Hook | None,
+        outcome: BenchOutcome,
+    ) -> None:
+        self.plan = plan
+        self.writer = writer
+        self.existing = existing
+        self.session = session
+        self.loader = loader
+        self.bar = bar
+        self.log = log
+        self.on_record = on_record
+        self.outcome = outcome
+        self.done = existing.keys()
+        self.skipped = {(s["config"], s["prompt_id"]) for s in existing.skips}
+        self.plain_tps: dict[tuple[str, str, str, int], float] = {
+            (r["config"], r["mode"], r["prompt_id"], r["repeat"]): r["tokens_per_second"]
+            for r in existing.measurements
+            if r["k"] == 0 and r.get("tokens_per_second") is not None
+        }
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.writer.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
+
+    def load(self, cfg: BenchConfig) -> tuple[CausalLM, CausalLM | Drafter]:
+        self.bar.set_description_str(f"{cfg.label}: loading")
+        target = self.loader(cfg.target)
+        if cfg.ngram is not None:
+            return target, NgramDrafter(max_n=cfg.ngram.max_n, min_n=cfg.ngram.min_n)
+        assert cfg.draft is not None
+        try:
+            draft = self.loader(cfg.draft)
+        except BaseException:
+            _release(target)
+            raise
+        try:
+            check_same_vocabulary(draft, target)
+        except SpecdecError:
+            _release(draft, target)
+            raise
+        return target, draft
+
+    def encode(
+        self, cfg: BenchConfig, target: CausalLM, n_ctx: int, prompts: Sequence[Prompt]
+    ) -> dict[str, list[int]]:
+        chat = _use_chat(self.plan, target)
+        ids: dict[str, list[int]] = {}
+        room = self.plan.max_new_tokens + max(self.plan.ks) + 1
+        for p in prompts:
+            reason = None
+            try:
+                enc = encode_prompt(target, p.text, chat=chat)
+            except SpecdecError as e:
+                reason = str(e)
+            else:
+                if len(enc) + room > n_ctx:
+                    reason = (
+                        f"{len(enc)} prompt tokens + {room} for the output exceed the context "
+                        f"window of {n_ctx}"
+                    )
+                else:
+                    ids[p.id] = enc
+            if reason is not None:
+                self.outcome.skipped_prompts.append(f"{cfg.label}: {p.id} ({reason})")
+                if (cfg.label, p.id) not in self.skipped:
+                    self.write(
+                        {
+                            "type": "skip",
+                            "session": self.session,
+                            "config": cfg.label,
+                            "prompt_id": p.id,
+                            "category": p.category,
+                            "reason": reason,
+                        }
+                    )
+                    self.skipped.add((cfg.label, p.id))
+        return ids
+
+    def run_config(
+        self, cfg: BenchConfig, todo: list[Measurement], prompts: Sequence[Prompt]
+    ) -> None:
+        t0 = time.perf_counter()
+        target, draft = self.load(cfg)
+        try:
+            self.log(f"{cfg.label}: loaded in {time.perf_counter() - t0:.1f} s")
+            n_ctx = target.n_ctx
+            if isinstance(draft, CausalLM):
+                n_ctx = min(n_ctx, draft.n_ctx)
+            ids = self.encode(cfg, target, n_ctx, prompts)
+            if self.plan.warmup and ids:
+                self.bar.set_description_str(f"{cfg.label}: warm-up")
+                first = next(iter(ids.values()))
+                generate(target, draft, first, max_new_tokens=4, k=2, stop_on_eos=False)
+            profile = self.existing.profile_for(cfg.label)
+            if profile is None:
+                self.bar.set_description_str(f"{cfg.label}: profiling")
+                prof = profile_config(
+                    cfg.label,
+                    target,
+                    draft,
+                    context_tokens=self.plan.profile_context_tokens,
+                    n_max=self.plan.verify_max,
+                    repeats=self.plan.profile_repeats,
+                )
+                profile = {"type": "profile", "session": self.session, **prof.to_dict()}
+                self.write(profile)
+                self.log(
+                    f"{cfg.label}: target step {prof.target_step_s * 1e3:.1f} ms, draft step "
+                    f"{prof.draft_step_s * 1e3:.2f} ms (c = {prof.c:.3f}), verify(8)/verify(1) "
+                    f"= {prof.verify_ratio[min(7, len(prof.verify_ratio) - 1)]:.2f}"
+                )
+            self.bar.set_description_str(cfg.label)
+            for m in todo:
+                if m.prompt.id not in ids:
+                    self.bar.update(1)
+                    continue
+                self.bar.set_postfix_str(f"{m.mode} {m.prompt.id} r{m.repeat} K={m.k}")
+                res = generate(
+                    target,
+                    draft if m.k > 0 else None,
+                    ids[m.prompt.id],
+                    max_new_tokens=self.plan.max_new_tokens,
+                    k=m.k,
+                    sampling=MODES[m.mode],
+                    seed=m.seed,
+                    stop_on_eos=self.plan.stop_on_eos,
+                )
+                pkey = (m.config, m.mode, m.prompt.id, m.repeat)
+                rec = measurement_record(
+                    m,
+                    res,
+                    session=self.session,
+                    drafter_kind=cfg.drafter_kind,
+                    max_new_tokens=self.plan.max_new_tokens,
+                    plain_tps=self.plain_tps.get(pkey),
+                    profile=profile,
+                )
+                if m.k == 0:
+                    self.plain_tps[pkey] = res.tokens_per_second
+                self.write(rec)
+                self.done.add(m.key)
+                self.outcome.measured += 1
+                self.bar.update(1)
+        finally:
+            _release(draft, target)
+            del target, draft
+            gc.collect()
+
+
+def run_bench(
+    plan: BenchPlan,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    argv: Sequence[str] | None = None,
+    loader: Loader = load_model,
+    progress: bool = True,
+    log: Log | None = None,
+    on_record: Hook | None = None,
+) -> BenchOutcome:
+    """Run ``plan``, appending records to ``out``; see the module docstring.
+
+    loader: ModelConfig -> CausalLM (tests inject their own); on_record is called after each
+    record is safely on disk (tests use it to simulate a crash).
+    """
+    prompts = select_prompts(
+        plan.prompt_source,
+        categories=plan.categories,
+        per_category=plan.prompts_per_category,
+        seed=plan.seed,
+    )
+    writer, existing, cut = open_for_append(out, resume=resume, overwrite=overwrite)
+    with writer:
+        check_resume_compatible(plan, existing)
+        session = len(existing.headers) + 1
+        outcome = BenchOutcome(Path(out), session, partial_line_cut=cut)
+        writer.append(header_record(plan, session, argv, prompts))
+        todo_by_cfg = []
+        done = existing.keys()
+        for cfg in plan.configs:
+            all_ms = measurements(plan, cfg, prompts)
+            todo = [m for m in all_ms if m.key not in done]
+            outcome.already_done += len(all_ms) - len(todo)
+            todo_by_cfg.append((cfg, todo))
+        total = sum(len(t) for _, t in todo_by_cfg)
+        with tqdm(
+            total=total, file=sys.stderr, disable=not progress, unit="gen", dynamic_ncols=True
+        ) as bar:
+            say: Log = log if log is not None else (lambda msg: None)
+            runner = _Runner(plan, writer, existing, session, loader, bar, say, on_record, outcome)
+            for cfg, todo in todo_by_cfg:
+                if not todo and existing.profile_for(cfg.label) is not None:
+                    say(f"{cfg.label}: every measurement is already recorded")
+                    continue
+                runner.run_config(cfg, todo, prompts)
+    return outcome

@@ -1,0 +1,122 @@
+"""The micro-profiler on mock models: the arithmetic exactly (with a fake clock), and shapes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from specdec.bench.profile import (
+    drafter_latency,
+    flops_cost_ratio,
+    param_count,
+    profile_config,
+    profile_context,
+    step_latency,
+    verify_scaling,
+    verify_times,
+)
+from specdec.drafters import NgramDrafter
+from specdec.errors import ConfigError
+from specdec.models.mock import MockLM, MockSpec, mock_pair
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedMock(MockLM):
+    """A mock whose extend over n tokens 'takes' base + per_token * (n - 1) fake seconds,
+    and which records every cache length it was extended at."""
+
+    def __init__(self, clock: FakeClock, base: float, per_token: float) -> None:
+        super().__init__(MockSpec(vocab_size=16, n_ctx=512))
+        self.clock = clock
+        self.base = base
+        self.per_token = per_token
+        self.extended_at: list[tuple[int, int]] = []
+
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        self.extended_at.append((self.n_cached, len(tokens)))
+        self.clock.now += self.base + self.per_token * (len(tokens) - 1)
+        return super().extend(tokens)
+
+
+def test_verify_scaling_is_exact_with_a_fake_clock() -> None:
+    clock = FakeClock()
+    model = TimedMock(clock, base=0.02, per_token=0.005)
+    ctx = profile_context(model, 100)
+    assert len(ctx) == 100
+    ratios = verify_scaling(model, ctx, n_max=16, repeats=3, clock=clock)
+    assert len(ratios) == 16
+    for n, r in enumerate(ratios, 1):
+        assert r == pytest.approx((0.02 + 0.005 * (n - 1)) / 0.02)
+    # every timed pass ran right after the full context (truncate restored it each time)
+    timed = [(at, n) for at, n in model.extended_at if at != 0]
+    assert all(at == 100 for at, _ in timed)
+    assert sorted(n for _, n in timed) == sorted([*range(1, 17)] * 3 + [16, 1])  # + warm-up
+    assert model.n_cached == 0  # the profiler leaves the cache empty
+
+
+def test_serial_backend_scales_linearly() -> None:
+    clock = FakeClock()
+    model = TimedMock(clock, base=0.01, per_token=0.01)
+    ratios = verify_scaling(model, profile_context(model, 50), n_max=8, repeats=2, clock=clock)
+    assert ratios == pytest.approx([float(n) for n in range(1, 9)])
+
+
+def test_step_latency_and_drafter_latency_with_fake_clock() -> None:
+    clock = FakeClock()
+    model = TimedMock(clock, base=0.03, per_token=0.0)
+    ctx = profile_context(model, 40)
+    assert step_latency(model, ctx, repeats=4, clock=clock) == pytest.approx(0.03)
+    # a drafter's cost is whatever happens between the clock reads
+    assert drafter_latency(NgramDrafter(3), ctx, repeats=3, clock=clock) == 0.0
+
+
+def test_profiler_on_a_real_clock_returns_sane_shapes() -> None:
+    draft, target = mock_pair("close", vocab_size=16)
+    ctx = profile_context(target, 100)
+    times = verify_times(target, ctx, n_max=6, repeats=2)
+    assert len(times) == 6 and all(t > 0 for t in times)
+    ratios = verify_scaling(target, ctx, n_max=6, repeats=2)
+    assert ratios[0] == 1.0 and all(math.isfinite(r) and r > 0 for r in ratios)
+    assert step_latency(draft, ctx, repeats=2) > 0
+    prof = profile_config("x", target, draft, context_tokens=60, n_max=5, repeats=2)
+    assert prof.verify_n == [1, 2, 3, 4, 5] and prof.verify_ratio[0] == 1.0
+    assert prof.c == pytest.approx(prof.draft_step_s / prof.target_step_s)
+    assert prof.draft_kind == "model" and prof.c_flops is None  # mocks have no param count
+    ng = profile_config("y", target, NgramDrafter(3), context_tokens=60, n_max=3, repeats=2)
+    assert ng.draft_kind == "ngram" and ng.draft_step_s >= 0
+    assert target.n_cached == 0 and draft.n_cached == 0
+
+
+def test_profiler_rejects_impossible_requests() -> None:
+    model = MockLM(MockSpec(vocab_size=16, n_ctx=64))
+    ctx = profile_context(model, 60)
+    with pytest.raises(ConfigError, match="positions"):
+        verify_times(model, ctx, n_max=16, repeats=1)
+    with pytest.raises(ConfigError):
+        verify_times(model, [], n_max=2, repeats=1)
+    with pytest.raises(ConfigError):
+        verify_times(model, ctx[:10], n_max=0, repeats=1)
+
+
+def test_param_count_and_flops_ratio() -> None:
+    class WithCount:
+        n_params = 500
+
+    class Wrapped:
+        model = type("M", (), {"num_parameters": lambda self: 1500})()
+
+    assert param_count(WithCount()) == 500
+    assert param_count(Wrapped()) == 1500
+    assert param_count(MockLM()) is None
+    assert flops_cost_ratio(500, 1500) == pytest.approx(1 / 3)
+    assert flops_cost_ratio(None, 1500) is None
