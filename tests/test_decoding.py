@@ -232,3 +232,27 @@ def test_exact_helper_sums_to_one() -> None:
     assert sum(ex.values()) == pytest.approx(1.0)
     assert len(ex) <= 8
     assert all(len(k) == 3 for k in itertools.islice(ex, 5))
+
+
+def test_a_repeated_prompt_reuses_the_cached_prefix() -> None:
+    draft, target = mock_pair("close", vocab_size=16)
+    prompt = [0, 5, 6, 7, 9, 4]
+    first = generate(target, draft, prompt, max_new_tokens=12, k=3, stop_on_eos=False)
+    calls, processed = target.extend_calls, target.tokens_processed
+    again = generate(target, draft, prompt, max_new_tokens=12, k=3, stop_on_eos=False)
+    assert again.tokens == first.tokens
+    assert target.extend_calls - calls == again.n_rounds  # no prefill call at all
+    assert target.tokens_processed - processed == sum(r.k + 1 for r in again.rounds)
+    # a different prompt sharing a prefix only processes the new part
+    longer = [*prompt, 8, 8]
+    calls = target.extend_calls
+    res = generate(target, draft, longer, max_new_tokens=5, k=2, stop_on_eos=False)
+    fresh_d, fresh_t = mock_pair("close", vocab_size=16)
+    assert (
+        res.tokens
+        == generate(fresh_t, fresh_d, longer, max_new_tokens=5, k=2, stop_on_eos=False).tokens
+    )
+    no_reuse = generate(
+        target, draft, longer, max_new_tokens=5, k=2, stop_on_eos=False, reuse_prefix=False
+    )
+    assert no_reuse.tokens == res.tokens

@@ -23,7 +23,7 @@ import torch
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.model import ModelDrafter
 from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError, VocabMismatchError
-from specdec.models.base import CausalLM
+from specdec.models.base import CausalLM, cached_prefix_len
 from specdec.policy import FixedK, KPolicy, RoundObservation
 from specdec.rejection import accept_reject
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
@@ -172,9 +172,15 @@ def generate_stream(
     sampling: SamplingConfig | None = None,
     seed: int = 0,
     stop_on_eos: bool = True,
+    reuse_prefix: bool = True,
     result_sink: list[GenerationResult] | None = None,
 ) -> Iterator[RoundEvent]:
-    """Yield one ``RoundEvent`` per round; when done, append the full result to result_sink."""
+    """Yield one ``RoundEvent`` per round; when done, append the full result to result_sink.
+
+    reuse_prefix: keep cache entries that the prompt shares with what the models already hold
+    (backends that report ``cached_tokens``), so repeated or extended prompts are not prefilled
+    again; False always prefills from scratch.
+    """
     sampling = sampling if sampling is not None else SamplingConfig()
     policy: KPolicy = FixedK(k) if isinstance(k, int) else k
     drafter = _as_drafter(draft, target)
@@ -193,12 +199,16 @@ def generate_stream(
     t_start = time.perf_counter()
 
     with sw.section("prefill"):
-        if target.n_cached:
-            target.truncate(0)
-        if len(ctx) > 1:
-            target.extend(ctx[:-1], last_only=True)
+        # reuse the cached prefix the prompt shares with the previous generation, if any
+        keep = cached_prefix_len(target, ctx[:-1]) if reuse_prefix else 0
+        if target.n_cached > keep:
+            target.truncate(keep)
+        if len(ctx) - 1 > keep:
+            target.extend(ctx[keep:-1], last_only=True)
         if drafter is not None:
             drafter.reset()
+            if not reuse_prefix:
+                drafter.rollback([])
             drafter.prefill(ctx[:-1])
     t_prefill = time.perf_counter() - t_start
 
@@ -279,6 +289,7 @@ def generate(
     sampling: SamplingConfig | None = None,
     seed: int = 0,
     stop_on_eos: bool = True,
+    reuse_prefix: bool = True,
 ) -> GenerationResult:
     """Generate up to max_new_tokens after prompt_ids; see ``generate_stream``."""
     sink: list[GenerationResult] = []

@@ -33,9 +33,15 @@ class ModelDrafter:
         self._fed: list[int] = []  # tokens whose keys/values are in the draft cache
 
     def reset(self) -> None:
-        if self.model.n_cached:
-            self.model.truncate(0)
-        self._fed = []
+        """Start a new generation. Cached positions the model reports (``cached_tokens``) are
+        kept so that a prompt sharing a prefix with the last one is not processed again."""
+        cached = getattr(self.model, "cached_tokens", None)
+        if cached is None:
+            if self.model.n_cached:
+                self.model.truncate(0)
+            self._fed = []
+        else:
+            self._fed = list(cached)
 
     def _sync(self, context: Sequence[int], keep_last: bool) -> torch.Tensor | None:
         """Make the cache hold context (minus its last token if keep_last); return the logits

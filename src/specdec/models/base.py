@@ -54,6 +54,19 @@ class CausalLM(Protocol):
         ...
 
 
+def cached_prefix_len(model: CausalLM, tokens: Sequence[int]) -> int:
+    """How many leading ``tokens`` the model already holds in its cache (0 when the backend
+    does not report its cached token ids through an optional ``cached_tokens`` attribute)."""
+    cached = getattr(model, "cached_tokens", None)
+    if cached is None:
+        return 0
+    n = min(len(cached), len(tokens))
+    i = 0
+    while i < n and cached[i] == tokens[i]:
+        i += 1
+    return i
+
+
 def check_extend_args(model: CausalLM, tokens: Sequence[int]) -> None:
     """Shared argument checks for ``extend`` implementations."""
     if len(tokens) == 0:

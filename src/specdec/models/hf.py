@@ -146,7 +146,7 @@ class HFCausalLM:
         self.n_ctx = min(n_ctx, max_pos)
         self.eos_token_ids = frozenset(_eos_ids(self.model, tokenizer))
         self._cache: Any = None
-        self._n = 0
+        self._tokens: list[int] = []
         self.extend_calls = 0
 
     @property
@@ -155,7 +155,11 @@ class HFCausalLM:
 
     @property
     def n_cached(self) -> int:
-        return self._n
+        return len(self._tokens)
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return list(self._tokens)
 
     @torch.inference_mode()
     def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
@@ -165,7 +169,8 @@ class HFCausalLM:
         if self._cache is None:
             self._cache = DynamicCache(config=self.model.config)
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, n]
-        pos = torch.arange(self._n, self._n + len(tokens), device=self.device)  # [n]
+        n0 = len(self._tokens)
+        pos = torch.arange(n0, n0 + len(tokens), device=self.device)  # [n]
         out = self.model(
             input_ids=ids,
             cache=self._cache,
@@ -174,19 +179,20 @@ class HFCausalLM:
             cache_position=pos,
             logits_to_keep=1 if last_only else 0,
         )
-        self._n += len(tokens)
+        self._tokens.extend(int(t) for t in tokens)
         self.extend_calls += 1
         return out.logits[0].to(device="cpu", dtype=torch.float32)  # [n or 1, V]
 
     def truncate(self, n_keep: int) -> None:
         check_truncate_args(self, n_keep)
-        if n_keep == self._n:
+        n = len(self._tokens)
+        if n_keep == n:
             return
         if n_keep == 0:
             self._cache = None
         else:
-            self._cache.crop(n_keep - self._n)  # a negative count removes that many
-        self._n = n_keep
+            self._cache.crop(n_keep - n)  # a negative count removes that many
+        del self._tokens[n_keep:]
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -111,7 +111,7 @@ class LlamaCppLM:
         eos = {int(self.llm.token_eos()), int(self.llm._model.token_eot())}
         self.eos_token_ids = frozenset(t for t in eos if t >= 0)
         self._tokenizer = LlamaCppTokenizer(self.llm)
-        self._n = 0
+        self._tokens: list[int] = []
         self.extend_calls = 0
         self.llm._ctx.kv_cache_seq_rm(-1, 0, -1)
 
@@ -121,7 +121,11 @@ class LlamaCppLM:
 
     @property
     def n_cached(self) -> int:
-        return self._n
+        return len(self._tokens)
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return list(self._tokens)
 
     def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         check_extend_args(self, tokens)
@@ -132,13 +136,13 @@ class LlamaCppLM:
             chunk = toks[start : start + self.n_batch]
             is_last_chunk = start + self.n_batch >= len(toks)
             want_all = not last_only
-            batch.set_batch(batch=chunk, n_past=self._n, logits_all=want_all)
+            batch.set_batch(batch=chunk, n_past=len(self._tokens), logits_all=want_all)
             try:
                 ctx.decode(batch)
             except RuntimeError as e:
-                self.truncate(self._n)  # drop whatever the failed decode left behind
+                self.truncate(len(self._tokens))  # drop what the failed decode left behind
                 raise ModelLoadError(f"llama.cpp decode failed: {e}") from e
-            self._n += len(chunk)
+            self._tokens.extend(chunk)
             n_out = len(chunk) if want_all else 1
             if want_all or is_last_chunk:
                 buf = np.ctypeslib.as_array(ctx.get_logits(), shape=(n_out * vocab,))
@@ -149,4 +153,4 @@ class LlamaCppLM:
     def truncate(self, n_keep: int) -> None:
         check_truncate_args(self, n_keep)
         self.llm._ctx.kv_cache_seq_rm(-1, n_keep, -1)
-        self._n = n_keep
+        del self._tokens[n_keep:]
