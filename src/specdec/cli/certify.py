@@ -1,16 +1,174 @@
-"""`specdec certify` (not implemented yet)."""
+"""`specdec certify`: statistically valid evidence that a setup is lossless."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
+from pathlib import Path
 
-from specdec.errors import SpecdecError
+from specdec.cli.common import add_model_args, model_configs, quiet_libraries
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("certify", help="(not implemented yet)")
+    p = sub.add_parser(
+        "certify",
+        help="certify that speculative decoding is lossless (3 levels + batch-invariance probe)",
+        description="Level 1: the accept/reject walk on synthetic distributions (exact and "
+        "Monte Carlo). Level 2: the decoding loop on mock models with exactly known "
+        "distributions. Level 3: the real draft/target/backend setup (greedy agreement, "
+        "sampled two-sample tests against plain and shape-matched plain decoding, "
+        "batch-invariance probe). Writes certificate.json and certificate.md.",
+    )
+    p.add_argument(
+        "--levels",
+        default="1,2,3",
+        help="comma-separated subset of 1,2,3,probe ('probe': only the batch-invariance "
+        "probe of the models; default 1,2,3)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="minutes instead of hours: a smoke test with small samples and low power",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=0.01, help="family-wise significance level (0.01)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="base seed of every random stream")
+    p.add_argument("-k", type=int, default=None, help="draft tokens per round in Level 3 (4)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature of the Level 3 sampled tests (1.0; greedy always runs)",
+    )
+    p.add_argument("--top-k", type=int, default=None, help="Level 3 sampled tests (0: off)")
+    p.add_argument("--top-p", type=float, default=None, help="Level 3 sampled tests (1: off)")
+    p.add_argument(
+        "--prompts",
+        default=None,
+        help="Level 3 prompts: a JSONL / text file, 'spec_bench' (packaged set) or "
+        "'builtin' (default: builtin with --quick, spec_bench otherwise)",
+    )
+    p.add_argument("--n-prompts", type=int, default=None, help="Level 3 prompts to use")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="Level 3: independent sequences per prompt and method (quick 60, full 300)",
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=None, help="Level 3 greedy length (32 / 128)"
+    )
+    p.add_argument(
+        "--joint-tokens",
+        type=int,
+        default=None,
+        help="Level 3: the first m generated tokens form one categorical unit (2)",
+    )
+    p.add_argument(
+        "--chat",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="apply the target's chat template to the prompts (auto: when it has one)",
+    )
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply every sample size (below 1: smoke tests only, lower power)",
+    )
+    p.add_argument("--out", default="specdec-certificate", help="output directory")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run from OUT/progress.jsonl (same options required)",
+    )
+    p.add_argument(
+        "--inject-fault",
+        choices=("residual-is-p", "always-accept"),
+        default=None,
+        help="self-test: break the accept/reject walk on purpose; the certificate must FAIL",
+    )
+    add_model_args(p)
     p.set_defaults(func=run)
 
 
+def _command(args: argparse.Namespace) -> str:
+    parts = ["specdec", "certify", "--levels", args.levels, "--seed", str(args.seed)]
+    parts += ["--alpha", str(args.alpha)]
+    if args.quick:
+        parts.append("--quick")
+    for flag, name in (
+        ("-k", "k"),
+        ("--temperature", "temperature"),
+        ("--top-k", "top_k"),
+        ("--top-p", "top_p"),
+        ("--prompts", "prompts"),
+        ("--n-prompts", "n_prompts"),
+        ("--seeds", "seeds"),
+        ("--max-new-tokens", "max_new_tokens"),
+        ("--joint-tokens", "joint_tokens"),
+        ("--inject-fault", "inject_fault"),
+    ):
+        v = getattr(args, name)
+        if v is not None:
+            parts += [flag, str(v)]
+    if args.scale != 1.0:
+        parts += ["--scale", str(args.scale)]
+    if "3" in args.levels or "probe" in args.levels:
+        parts += ["--draft", args.draft, "--target", args.target]
+        parts += ["--draft-backend", args.draft_backend, "--target-backend", args.target_backend]
+        parts += ["--device", args.device, "--dtype", args.dtype, "--chat", args.chat]
+    return " ".join(shlex.quote(x) for x in parts)
+
+
 def run(args: argparse.Namespace) -> int:
-    raise SpecdecError("'specdec certify' is not implemented yet")
+    from specdec.certify.common import FAIL
+    from specdec.certify.plan import make_plan, parse_levels
+    from specdec.certify.runner import CertifyConfig, model_label, run_certificate
+    from specdec.models.loader import load_pair
+
+    levels = parse_levels(args.levels)
+    plan = make_plan(
+        quick=args.quick,
+        seed=args.seed,
+        alpha=args.alpha,
+        k=args.k,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seeds=args.seeds,
+        n_prompts=args.n_prompts,
+        max_new_tokens=args.max_new_tokens,
+        joint_tokens=args.joint_tokens,
+        scale=args.scale,
+    )
+    needs_models = "3" in levels or "probe" in levels
+    draft_cfg, target_cfg = model_configs(args)
+    prompts = args.prompts or ("builtin" if args.quick else "spec_bench")
+    cfg = CertifyConfig(
+        levels=levels,
+        plan=plan,
+        quick=args.quick,
+        seed=args.seed,
+        alpha=args.alpha,
+        draft=model_label(draft_cfg) if needs_models else None,
+        target=model_label(target_cfg) if needs_models else None,
+        prompts_source=prompts if needs_models else None,
+        chat=args.chat,
+        out_dir=Path(args.out),
+        resume=args.resume,
+        fault=args.inject_fault,
+        command=_command(args),
+    )
+    if needs_models:
+        quiet_libraries()
+
+    def say(msg: str) -> None:
+        print(f"specdec certify: {msg}", file=sys.stderr, flush=True)
+
+    cert = run_certificate(cfg, lambda: load_pair(draft_cfg, target_cfg), progress=say)
+    print(cert.verdict_line())
+    print(f"wrote {Path(args.out) / 'certificate.md'} and {Path(args.out) / 'certificate.json'}")
+    return 1 if cert.status == FAIL else 0

@@ -1,0 +1,336 @@
+"""Level 2: the whole decoding loop on mock models whose distributions are known exactly.
+
+- Greedy: speculative output must be bit-identical to plain output AND to a reference greedy
+  path computed directly from the mock's ``logits_for_context`` (independent of the loop),
+  for many mock pairs (identical / close / far drafts, two vocabularies), prompts, K and both
+  drafters (model, n-gram). Threshold: zero mismatches.
+- Sampled: for each configuration (pair, K, drafter, sampling transform) N independent
+  sequences, one seed each (the unit); the tokens in a window of positions are one
+  categorical variable whose exact distribution comes from the mock (a forward pass over the
+  mock's finite context windows, applying the same sampling transform). Chi-square goodness
+  of fit per (configuration, window), Holm over all of them at family-wise alpha, TV with a
+  distribution-free CI and the smallest TV detectable with 80 % power.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from specdec.decoding import generate, generate_stream
+from specdec.drafters.base import Drafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.models.mock import MockLM, mock_pair
+from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
+from specdec.stats import chisquare_gof
+
+from .common import FAIL, PASS, TestRecord, apply_holm, fmt
+from .progress import ProgressLog
+from .seeds import derive_seed
+
+
+# ------------------------------------------------------------------ exact distributions
+def reference_greedy(model: MockLM, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+    """Greedy continuation straight from ``logits_for_context`` (argmax, first index on ties),
+    stopping after EOS: the ground truth for the greedy checks."""
+    ctx = [int(t) for t in prompt]
+    out: list[int] = []
+    while len(out) < max_new_tokens:
+        tok = int(torch.argmax(model.logits_for_context(ctx)))
+        out.append(tok)
+        ctx.append(tok)
+        if tok in model.eos_token_ids:
+            break
+    return out
+
+
+def exact_window_distribution(
+    model: MockLM, prompt: Sequence[int], start: int, m: int, sampling: SamplingConfig
+) -> np.ndarray:
+    """Exact distribution [V^m] of the generated tokens at positions start..start+m-1
+    (1-based; category index sum_i y_i * V^i), when every token is sampled from
+    logits_to_probs(logits_for_context(context), sampling) with no stop at EOS.
+
+    Exact dynamic programming over the mock's state (its last ``order`` tokens).
+    """
+    order, vocab = model.spec.order, model.vocab_size
+    rows: dict[tuple[int, ...], np.ndarray] = {}
+
+    def row(key: tuple[int, ...]) -> np.ndarray:
+        if key not in rows:
+            p = logits_to_probs(model.logits_for_context(list(key)), sampling)
+            rows[key] = p.double().numpy()  # [V]
+        return rows[key]
+
+    # state: (last `order` tokens of the context, window tokens so far) -> probability
+    states: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {
+        (tuple(int(t) for t in prompt[-order:]), ()): 1.0
+    }
+    for pos in range(1, start + m):
+        nxt: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = defaultdict(float)
+        for (key, win), prob in states.items():
+            r = row(key)
+            for tok in np.flatnonzero(r > 0):
+                t = int(tok)
+                new_win = (*win, t) if pos >= start else win
+                nxt[((*key, t)[-order:], new_win)] += prob * float(r[t])
+        states = nxt
+    out = np.zeros(vocab**m)
+    for (_, win), prob in states.items():
+        out[sum(t * vocab**i for i, t in enumerate(win))] += prob
+    return out
+
+
+# ------------------------------------------------------------------ configuration
+@dataclass(frozen=True)
+class SampledSetup:
+    """One sampled configuration of Level 2."""
+
+    name: str
+    closeness: str  # mock pair: identical | close | far
+    k: int
+    drafter: str = "model"  # model | ngram
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+
+DEFAULT_SETUPS: tuple[SampledSetup, ...] = (
+    SampledSetup("plain-K0", "close", 0),
+    SampledSetup("close-K1", "close", 1),
+    SampledSetup("close-K4", "close", 4),
+    SampledSetup("far-K4", "far", 4),
+    SampledSetup("identical-K4", "identical", 4),
+    SampledSetup("close-K4-T0.8-topk5-topp0.9", "close", 4, temperature=0.8, top_k=5, top_p=0.9),
+    SampledSetup("ngram-K3", "close", 3, drafter="ngram"),
+)
+
+
+@dataclass(frozen=True)
+class Level2Config:
+    greedy_closeness: tuple[str, ...] = ("identical", "close", "far")
+    greedy_vocabs: tuple[int, ...] = (16, 64)
+    greedy_prompts: int = 6
+    greedy_ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
+    greedy_drafters: tuple[str, ...] = ("model", "ngram")
+    greedy_max_new_tokens: int = 24
+    sampled_vocab: int = 8
+    setups: tuple[SampledSetup, ...] = DEFAULT_SETUPS
+    windows: tuple[tuple[int, int], ...] = ((1, 2), (6, 1))  # (start position, length)
+    sequences: int = 1500
+    alpha: float = 0.01
+    power: float = 0.8
+    seed: int = 0
+
+
+def mock_prompts(seed: int, n: int, vocab: int) -> list[list[int]]:
+    """n prompts: random tokens (lengths 1..12) and repetitive ones (so n-gram lookup drafts)."""
+    g = make_generator(seed)
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            length = 1 + int(torch.randint(12, (), generator=g))
+            out.append([int(t) for t in torch.randint(3, vocab, (length,), generator=g)])
+        else:
+            motif = [int(t) for t in torch.randint(3, vocab, (3,), generator=g)]
+            out.append(motif * 3)
+    return out
+
+
+def _drafter(kind: str, draft: MockLM) -> MockLM | Drafter:
+    return NgramDrafter(max_n=3) if kind == "ngram" else draft
+
+
+# ------------------------------------------------------------------ results
+@dataclass
+class GreedyUnit:
+    unit: str
+    match_plain: bool
+    match_reference: bool
+    first_divergence: int | None  # index into the generated tokens, None when identical
+
+
+@dataclass
+class Level2Result:
+    config: Level2Config
+    greedy: list[GreedyUnit] = field(default_factory=list)
+    tests: list[TestRecord] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def greedy_mismatches(self) -> list[GreedyUnit]:
+        return [u for u in self.greedy if not (u.match_plain and u.match_reference)]
+
+    @property
+    def status(self) -> str:
+        ok = not self.greedy_mismatches and not any(t.rejected for t in self.tests)
+        return PASS if ok else FAIL
+
+    def summary(self) -> dict[str, Any]:
+        mdt = [t.min_detectable_tv for t in self.tests if np.isfinite(t.min_detectable_tv)]
+        return {
+            "status": self.status,
+            "greedy_units": len(self.greedy),
+            "greedy_mismatches": len(self.greedy_mismatches),
+            "sampled_tests": len(self.tests),
+            "sequences_per_setup": self.config.sequences,
+            "sampled_rejected": sum(t.rejected for t in self.tests),
+            "sampled_min_p": min((t.pvalue for t in self.tests), default=1.0),
+            "sampled_max_tv": max((t.tv for t in self.tests), default=0.0),
+            "sampled_max_tv_upper": max((t.tv_high for t in self.tests), default=0.0),
+            "min_detectable_tv_max": max(mdt) if mdt else float("nan"),
+            "alpha": self.config.alpha,
+            "seconds": self.seconds,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary(),
+            "config": asdict(self.config),
+            "greedy_mismatches": [asdict(u) for u in self.greedy_mismatches[:50]],
+            "tests": [t.to_dict() for t in self.tests],
+        }
+
+    def shown(self) -> list[str]:
+        s = self.summary()
+        c = self.config
+        bad = self.greedy_mismatches
+        return [
+            f"Greedy on mock models: {s['greedy_units'] - len(bad)}/{s['greedy_units']} runs "
+            f"bit-identical to plain decoding and to the exact reference path "
+            f"({len(c.greedy_closeness)} draft closenesses x {len(c.greedy_vocabs)} "
+            f"vocabularies x {c.greedy_prompts} prompts x K in {list(c.greedy_ks)} x drafters "
+            f"{list(c.greedy_drafters)}, {c.greedy_max_new_tokens} tokens)"
+            + (f"; first mismatch: {bad[0].unit}" if bad else "."),
+            f"Sampled on mock models: {s['sampled_tests']} goodness-of-fit tests "
+            f"({len(c.setups)} setups x windows {list(c.windows)}, {c.sequences} independent "
+            f"sequences each, one seed per sequence) against the exactly computed distribution;"
+            f" Holm at alpha {c.alpha:g}: {s['sampled_rejected']} rejected (min p "
+            f"{fmt(s['sampled_min_p'])}); largest TV estimate {fmt(s['sampled_max_tv'])} "
+            f"(95 % upper bound {fmt(s['sampled_max_tv_upper'])}); every test detects a TV >= "
+            f"{fmt(s['min_detectable_tv_max'])} with 80 % power.",
+        ]
+
+
+# ------------------------------------------------------------------ running
+GenerateFn = Callable[..., Any]
+
+
+def run_greedy(cfg: Level2Config, log: ProgressLog | None) -> list[GreedyUnit]:
+    units: list[GreedyUnit] = []
+    greedy = SamplingConfig()
+    for vocab in cfg.greedy_vocabs:
+        prompts = mock_prompts(
+            derive_seed(cfg.seed, "l2-prompts", vocab), cfg.greedy_prompts, vocab
+        )
+        for closeness in cfg.greedy_closeness:
+            key = f"l2/greedy/{closeness}-V{vocab}"
+            done = log.get(key) if log else None
+            if done is not None:
+                units.extend(GreedyUnit(**u) for u in done)
+                continue
+            draft, target = mock_pair(closeness, vocab_size=vocab, seed=cfg.seed)
+            batch: list[GreedyUnit] = []
+            for pi, prompt in enumerate(prompts):
+                ref = reference_greedy(target, prompt, cfg.greedy_max_new_tokens)
+                plain = generate(
+                    target,
+                    None,
+                    prompt,
+                    max_new_tokens=cfg.greedy_max_new_tokens,
+                    k=0,
+                    sampling=greedy,
+                ).tokens
+                for drafter in cfg.greedy_drafters:
+                    for k in cfg.greedy_ks:
+                        spec = generate(
+                            target,
+                            _drafter(drafter, draft),
+                            prompt,
+                            max_new_tokens=cfg.greedy_max_new_tokens,
+                            k=k,
+                            sampling=greedy,
+                        ).tokens
+                        div = next(
+                            (i for i, (a, b) in enumerate(zip(spec, ref, strict=False)) if a != b),
+                            None if len(spec) == len(ref) else min(len(spec), len(ref)),
+                        )
+                        batch.append(
+                            GreedyUnit(
+                                f"{closeness}-V{vocab}/prompt{pi}/{drafter}/K{k}",
+                                spec == plain,
+                                spec == ref,
+                                div,
+                            )
+                        )
+            units.extend(batch)
+            if log:
+                log.put(key, [asdict(u) for u in batch])
+    return units
+
+
+def sample_windows(
+    setup: SampledSetup, cfg: Level2Config, prompt: Sequence[int]
+) -> dict[tuple[int, int], np.ndarray]:
+    """Counts [V^m] per window from cfg.sequences independent sequences (one seed each)."""
+    vocab = cfg.sampled_vocab
+    draft, target = mock_pair(setup.closeness, vocab_size=vocab, seed=cfg.seed)
+    end = max(s + m - 1 for s, m in cfg.windows)
+    counts = {w: np.zeros(vocab ** w[1], dtype=np.int64) for w in cfg.windows}
+    drafter = _drafter(setup.drafter, draft) if setup.k > 0 else None
+    for i in range(cfg.sequences):
+        toks: list[int] = []
+        for ev in generate_stream(
+            target,
+            drafter,
+            prompt,
+            max_new_tokens=end + setup.k,
+            k=setup.k,
+            sampling=setup.sampling,
+            seed=derive_seed(cfg.seed, "l2", setup.name, i),
+            stop_on_eos=False,
+        ):
+            toks.extend(ev.tokens)
+            if len(toks) >= end:
+                break
+        for (s, m), c in counts.items():
+            c[sum(t * vocab**j for j, t in enumerate(toks[s - 1 : s - 1 + m]))] += 1
+    return counts
+
+
+def run_level2(cfg: Level2Config, *, log: ProgressLog | None = None) -> Level2Result:
+    """Greedy bit-exactness and sampled goodness of fit of the decoding loop on mocks."""
+    t0 = time.perf_counter()
+    res = Level2Result(cfg)
+    res.greedy = run_greedy(cfg, log)
+    raw: list[TestRecord] = []
+    vocab = cfg.sampled_vocab
+    for si, setup in enumerate(cfg.setups):
+        prompt = mock_prompts(derive_seed(cfg.seed, "l2-sampled-prompt"), 2, vocab)[si % 2]
+        key = f"l2/sampled/{setup.name}"
+        done = log.get(key) if log else None
+        if done is not None:
+            raw.extend(TestRecord(**d) for d in done)
+            continue
+        counts = sample_windows(setup, cfg, prompt)
+        target = mock_pair(setup.closeness, vocab_size=vocab, seed=cfg.seed)[1]
+        recs = []
+        for (s, m), c in counts.items():
+            exact = exact_window_distribution(target, prompt, s, m, setup.sampling)
+            recs.append(TestRecord.from_test(f"{setup.name}/pos{s}+{m}", chisquare_gof(c, exact)))
+        raw.extend(recs)
+        if log:
+            log.put(key, [r.to_dict() for r in recs])
+    res.tests = apply_holm(raw, cfg.alpha, cfg.power)
+    res.seconds = time.perf_counter() - t0
+    return res

@@ -1,0 +1,140 @@
+"""How big each level is: ``--quick`` (minutes, a smoke test with low power) or full (the
+certificate). Every size is recorded in certificate.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from specdec.errors import ConfigError
+
+from .mock_level import Level2Config
+from .real import Level3Config
+from .synthetic import Level1Config
+
+LEVELS = ("1", "2", "3", "probe")
+
+
+@dataclass(frozen=True)
+class Plan:
+    level1: Level1Config
+    level2: Level2Config
+    level3: Level3Config
+    prompts: int  # prompt texts to load for Level 3 (greedy, probe and sampled use prefixes)
+
+
+def quick_plan() -> Plan:
+    return Plan(
+        level1=Level1Config(),
+        level2=Level2Config(greedy_prompts=4, greedy_ks=(0, 1, 2, 4, 6), sequences=1500),
+        level3=Level3Config(
+            greedy_prompts=6,
+            greedy_max_new_tokens=32,
+            probe_prompts=3,
+            sampled_prompts=3,
+            seeds=60,
+        ),
+        prompts=6,
+    )
+
+
+def full_plan() -> Plan:
+    return Plan(
+        level1=Level1Config(
+            exact_cases_per_cell=3, mc_vocabs=(32, 256, 2048), mc_trials=40_000, mc_min_count=200
+        ),
+        level2=Level2Config(greedy_prompts=12, sequences=20_000),
+        level3=Level3Config(
+            greedy_prompts=48,
+            greedy_max_new_tokens=128,
+            probe_prompts=8,
+            sampled_prompts=20,
+            seeds=300,
+        ),
+        prompts=48,
+    )
+
+
+def make_plan(
+    *,
+    quick: bool,
+    seed: int,
+    alpha: float,
+    k: int | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seeds: int | None = None,
+    n_prompts: int | None = None,
+    max_new_tokens: int | None = None,
+    joint_tokens: int | None = None,
+    scale: float = 1.0,
+) -> Plan:
+    """The quick or full plan with the user's overrides (None keeps the plan's value).
+
+    ``scale`` multiplies every sample size (trials, sequences, seeds); below 1 it is for smoke
+    tests only and lowers the power accordingly.
+    """
+    if not 0.0 < alpha < 0.5:
+        raise ConfigError(f"--alpha must be in (0, 0.5), got {alpha}")
+    if not scale > 0:
+        raise ConfigError(f"--scale must be > 0, got {scale}")
+    for name, v in (("-k", k), ("--seeds", seeds), ("--n-prompts", n_prompts)):
+        if v is not None and v < (0 if name == "-k" else 1):
+            raise ConfigError(f"{name} must be >= {0 if name == '-k' else 1}, got {v}")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if joint_tokens is not None and joint_tokens < 1:
+        raise ConfigError(f"--joint-tokens must be >= 1, got {joint_tokens}")
+    if temperature is not None and temperature <= 0:
+        raise ConfigError(
+            f"--temperature must be > 0 for the sampled tests (greedy is always run), "
+            f"got {temperature}"
+        )
+    p = quick_plan() if quick else full_plan()
+
+    def sc(n: int, lo: int) -> int:
+        return max(lo, round(n * scale))
+
+    l1 = replace(
+        p.level1,
+        seed=seed,
+        alpha=alpha,
+        mc_trials=sc(p.level1.mc_trials, 200),
+        mc_min_count=min(p.level1.mc_min_count, sc(p.level1.mc_trials, 200) // 4),
+    )
+    l2 = replace(p.level2, seed=seed, alpha=alpha, sequences=sc(p.level2.sequences, 50))
+    l3 = p.level3
+    n_total = p.prompts
+    if n_prompts is not None:
+        n_total = n_prompts
+        l3 = replace(
+            l3,
+            greedy_prompts=n_prompts,
+            probe_prompts=min(l3.probe_prompts, n_prompts),
+            sampled_prompts=min(l3.sampled_prompts, n_prompts),
+        )
+    l3 = replace(
+        l3,
+        seed=seed,
+        alpha=alpha,
+        k=l3.k if k is None else k,
+        temperature=l3.temperature if temperature is None else temperature,
+        top_k=l3.top_k if top_k is None else top_k,
+        top_p=l3.top_p if top_p is None else top_p,
+        seeds=seeds if seeds is not None else sc(l3.seeds, 10),
+        greedy_max_new_tokens=max_new_tokens or l3.greedy_max_new_tokens,
+        m=joint_tokens or l3.m,
+    )
+    l3.sampling  # noqa: B018 - validates temperature / top-k / top-p (ConfigError)
+    return Plan(l1, l2, l3, n_total)
+
+
+def parse_levels(text: str) -> tuple[str, ...]:
+    """'1,2,3' -> ('1', '2', '3'); 'probe' runs only the batch-invariance probe."""
+    items = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [x for x in items if x not in LEVELS]
+    if not items or bad:
+        raise ConfigError(
+            f"--levels takes a comma-separated subset of {', '.join(LEVELS)}, got {text!r}"
+        )
+    return items

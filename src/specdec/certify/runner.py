@@ -1,0 +1,160 @@
+"""Run the requested levels of a certificate, with incremental progress and resume."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from specdec import __version__
+from specdec.drafters.base import Drafter
+from specdec.errors import ConfigError
+from specdec.models.base import CausalLM
+from specdec.models.loader import ModelConfig
+from specdec.prompting import encode_prompt
+
+from .common import torch_threads
+from .faults import injected_fault
+from .invariance import batch_invariance
+from .mock_level import run_level2
+from .plan import Plan
+from .progress import ProgressLog
+from .prompts import load_prompt_texts
+from .real import run_level3
+from .report import Certificate, write_certificate
+from .synthetic import run_level1
+
+PROGRESS_FILE = "progress.jsonl"
+Loader = Callable[[], tuple[CausalLM | Drafter | None, CausalLM]]
+
+
+@dataclass(frozen=True)
+class CertifyConfig:
+    """One certificate run. ``draft`` / ``target`` describe the models (labels for the report;
+    loading is done by the ``loader`` given to ``run_certificate``)."""
+
+    levels: tuple[str, ...]
+    plan: Plan
+    quick: bool
+    seed: int
+    alpha: float
+    draft: str | None = None
+    target: str | None = None
+    prompts_source: str | None = None
+    chat: str = "auto"  # auto | on | off
+    out_dir: Path | None = None
+    resume: bool = False
+    fault: str | None = None
+    command: str = "specdec certify"
+
+    def header(self) -> dict[str, Any]:
+        """What identifies the experiment (the progress log refuses to mix two of them)."""
+        return {
+            "levels_requested": list(self.levels),
+            "quick": self.quick,
+            "seed": self.seed,
+            "alpha": self.alpha,
+            "draft": self.draft,
+            "target": self.target,
+            "prompts_source": self.prompts_source,
+            "chat": self.chat,
+            "fault": self.fault,
+            "plan": asdict(self.plan),
+        }
+
+
+def model_label(cfg: ModelConfig | str | None) -> str | None:
+    if cfg is None or isinstance(cfg, str):
+        return cfg
+    return cfg.label()
+
+
+def _encode_all(target: CausalLM, texts: list[str], chat: str) -> list[list[int]]:
+    has_template = getattr(target.tokenizer, "apply_chat", None) is not None
+    if chat == "on" and not has_template:
+        raise ConfigError("--chat on: the target has no chat template")
+    use_chat = chat == "on" or (chat == "auto" and has_template)
+    return [encode_prompt(target, t, chat=use_chat) for t in texts]
+
+
+def run_certificate(
+    cfg: CertifyConfig,
+    loader: Loader | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> Certificate:
+    """Run the levels in cfg.levels; write certificate.json/.md into cfg.out_dir if set.
+
+    loader() returns (draft or drafter, target) and is called only when Level 3 or the probe
+    runs. ``progress`` receives one-line status messages (the CLI prints them to stderr).
+    """
+    say = progress or (lambda _msg: None)
+    header = cfg.header()
+    log = ProgressLog(
+        cfg.out_dir / PROGRESS_FILE if cfg.out_dir else None, header, resume=cfg.resume
+    )
+    if cfg.resume and log.done:
+        say(f"resuming: {len(log.done)} completed units found")
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cert = Certificate(
+        header={
+            **header,
+            "specdec_version": __version__,
+            "created_utc": created,
+            "command": cfg.command,
+        }
+    )
+    with injected_fault(cfg.fault):
+        if "1" in cfg.levels:
+            say("level 1: the accept/reject walk on synthetic distributions ...")
+            with torch_threads(1):
+                cert.level1 = run_level1(cfg.plan.level1, log=log)
+            say(f"level 1: {cert.level1.status} ({cert.level1.seconds:.0f} s)")
+        if "2" in cfg.levels:
+            say("level 2: the decoding loop on mock models ...")
+            with torch_threads(1):
+                cert.level2 = run_level2(cfg.plan.level2, log=log)
+            say(f"level 2: {cert.level2.status} ({cert.level2.seconds:.0f} s)")
+        if "3" in cfg.levels or "probe" in cfg.levels:
+            if loader is None:
+                raise ConfigError("level 3 and the probe need models (--draft and --target)")
+            say(f"loading models: draft {cfg.draft}, target {cfg.target} ...")
+            draft, target = loader()
+            n = cfg.plan.prompts
+            texts, where = load_prompt_texts(cfg.prompts_source, n)
+            ids = _encode_all(target, texts, cfg.chat)
+            cert.header["prompts"] = (
+                f"{len(ids)} from {where} ({min(map(len, ids))}-{max(map(len, ids))} tokens)"
+            )
+            l3 = cfg.plan.level3
+            if "3" in cfg.levels:
+                if draft is None:
+                    raise ConfigError("level 3 needs a draft (a model or 'ngram'), not 'none'")
+                say("level 3: probe, greedy agreement and sampled tests on the real setup ...")
+                cert.level3 = run_level3(
+                    draft,
+                    target,
+                    ids,
+                    l3,
+                    draft_label=cfg.draft or "draft",
+                    target_label=cfg.target or "target",
+                    log=log,
+                )
+                say(f"level 3: {cert.level3.status} ({sum(cert.level3.seconds.values()):.0f} s)")
+            else:
+                say("batch-invariance probe ...")
+                cert.probe = batch_invariance(
+                    target, ids[: l3.probe_prompts], ns=l3.probe_ns, label=cfg.target or "target"
+                )
+                if isinstance(draft, CausalLM):
+                    cert.draft_probe = batch_invariance(
+                        draft,
+                        ids[: l3.probe_prompts],
+                        ns=l3.probe_ns,
+                        label=cfg.draft or "draft",
+                    )
+    if cfg.out_dir is not None:
+        write_certificate(cert, cfg.out_dir)
+    return cert

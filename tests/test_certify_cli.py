@@ -1,0 +1,127 @@
+"""`specdec certify` end to end on mock models: files, verdict, exit codes, resume, errors.
+Sample sizes are cut with --scale / --seeds so each run takes seconds (low power: these tests
+check the plumbing; the statistics are tested in test_certify_levels/real and test_stats)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from specdec.certify.common import torch_threads
+from specdec.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Mock-sized tensors: one thread (a second one only adds synchronisation)."""
+    with torch_threads(1):
+        yield
+
+
+MOCKS = [
+    "--draft", "mock:close:8", "--target", "mock:target:8",
+    "--draft-backend", "mock", "--target-backend", "mock",
+]  # fmt: skip
+L3 = ["--levels", "3", "--quick", "--seeds", "30", "--n-prompts", "2", *MOCKS]
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_level3_run_writes_a_certificate(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Exit 0, the verdict on stdout, strict JSON with thresholds / sizes / seeds, markdown
+    that says what was and was not shown."""
+    out = tmp_path / "cert"
+    assert main(["certify", *L3, "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert stdout.startswith("VERDICT: PASS")
+    assert "detects TV >=" in stdout and "quick run" in stdout
+    doc = json.loads((out / "certificate.json").read_text(), parse_constant=_no_nan)
+    assert doc["alpha"] == 0.01 and doc["seed"] == 0 and doc["levels_requested"] == ["3"]
+    assert doc["plan"]["level3"]["seeds"] == 30
+    assert doc["verdict"]["status"] == "pass"
+    l3 = doc["levels"]["3"]
+    assert l3["probe"]["max_abs"] == 0.0 and len(l3["greedy"]) == 2
+    md = (out / "certificate.md").read_text()
+    assert "## What was shown" in md and "## What was NOT shown" in md
+    assert "Level 1 (the accept/reject walk on synthetic distributions) was not run" in md
+    assert (out / "progress.jsonl").exists()
+
+
+def _no_nan(name: str) -> float:
+    raise AssertionError(f"certificate.json must be strict JSON, found {name}")
+
+
+def test_levels_1_and_2_run_scaled_down(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "c12"
+    rc = main(["certify", "--levels", "1,2", "--quick", "--scale", "0.1", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads((out / "certificate.json").read_text())
+    assert doc["levels"]["1"]["summary"]["status"] == "pass"
+    assert doc["levels"]["2"]["summary"]["status"] == "pass"
+    assert doc["levels"]["3"] is None and doc["draft"] is None
+    assert "L1 pass" in capsys.readouterr().out
+
+
+def test_resume_reuses_completed_units(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A second run with --resume computes nothing new (same log, same numbers); resuming
+    with other options is refused with a one-line error (exit 2)."""
+    out = tmp_path / "r"
+    assert main(["certify", *L3, "--out", str(out)]) == 0
+    first = json.loads((out / "certificate.json").read_text())
+    n_lines = len(_lines(out / "progress.jsonl"))
+    # cut the log as an interrupted run would (a partial last line), then resume
+    lines = _lines(out / "progress.jsonl")
+    (out / "progress.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:10])
+    assert main(["certify", *L3, "--out", str(out), "--resume"]) == 0
+    second = json.loads((out / "certificate.json").read_text())
+    assert second["levels"]["3"]["comparisons"] == first["levels"]["3"]["comparisons"]
+    assert len(_lines(out / "progress.jsonl")) == n_lines + 1  # only the cut unit redone
+    capsys.readouterr()
+    assert main(["certify", *L3, "--seed", "1", "--out", str(out), "--resume"]) == 2
+    assert "different configuration" in capsys.readouterr().err
+
+
+def test_injected_fault_fails_the_certificate(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Self-test: with drafts always accepted the verdict is FAIL and the exit code 1."""
+    rc = main(["certify", *L3, "--inject-fault", "always-accept", "--out", str(tmp_path)])
+    assert rc == 1
+    out = capsys.readouterr().out
+    assert out.startswith("VERDICT: SELF-TEST with injected fault 'always-accept': FAIL")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--alpha", "2"], "--alpha"),
+        (["--levels", "4"], "--levels"),
+        (["--seeds", "0"], "--seeds"),
+        (["--temperature", "0"], "--temperature"),
+        (["--top-p", "1.5"], "top_p"),
+        (["--prompts", "/no/such/file.txt"], "not found"),
+    ],
+)
+def test_user_errors_are_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str], message: str
+) -> None:
+    rc = main(["certify", *L3, *argv, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err
+    assert len(err.strip().splitlines()) <= 4  # progress lines + one error line
+    assert err.strip().splitlines()[-1].startswith("specdec: error:")
+
+
+def test_prompt_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A JSONL prompt file in Spec-Bench format is accepted."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"question_id": 1, "category": "qa", "turns": ["hello there"]}\n')
+    argv = ["certify", *L3, "--prompts", str(f), "--n-prompts", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    doc = json.loads((tmp_path / "certificate.json").read_text())
+    assert doc["prompts"].startswith("1 from")

@@ -1,0 +1,193 @@
+"""Levels 1 and 2 of `specdec certify`: the correct decoder passes, deliberately broken ones
+fail. Small seeded configurations (a few seconds each).
+
+Thresholds (fixed before running): exact deviation <= 1e-6; Monte Carlo and sampled tests
+Holm-corrected at family-wise alpha 0.01; greedy: zero mismatches. The broken walks are
+"residual replaced by p" and "drafts always accepted", injected by replacing the functions in
+specdec.rejection for the duration of one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.certify.common import torch_threads
+from specdec.certify.faults import injected_fault
+from specdec.certify.mock_level import (
+    Level2Config,
+    SampledSetup,
+    exact_window_distribution,
+    reference_greedy,
+    run_level2,
+)
+from specdec.certify.progress import ProgressLog
+from specdec.certify.synthetic import (
+    KINDS,
+    Level1Config,
+    WalkCase,
+    conditional_deviation,
+    make_case,
+    round_outcomes,
+    run_level1,
+)
+from specdec.errors import ConfigError
+from specdec.models.mock import MockLM
+from specdec.rejection import walk
+from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Mock-sized tensors: one thread (a second one only adds synchronisation)."""
+    with torch_threads(1):
+        yield
+
+
+L1 = Level1Config(ks=(0, 1, 2, 3), exact_vocab=4, mc_vocabs=(12,), mc_trials=1500)
+L2 = Level2Config(
+    greedy_closeness=("close", "far"),
+    greedy_vocabs=(16,),
+    greedy_prompts=2,
+    greedy_ks=(0, 1, 3, 5),
+    greedy_max_new_tokens=12,
+    setups=(
+        SampledSetup("close-K3", "close", 3),
+        SampledSetup("far-K2", "far", 2),
+        SampledSetup("ngram-K2", "close", 2, drafter="ngram"),
+        SampledSetup("close-K3-sparse", "close", 3, temperature=0.8, top_k=5, top_p=0.9),
+    ),
+    windows=((1, 2),),
+    sequences=600,
+)
+
+
+# ---------------------------------------------------------------- Level 1
+def test_case_kinds_have_the_promised_shapes() -> None:
+    """Every kind gives valid rows; sparse kinds have zeros; one_hot_q has no q."""
+    g = make_generator(0)
+    for kind in KINDS:
+        case = make_case(g, 10, 3, kind, kind)
+        assert case.p.shape == (4, 10)
+        assert torch.allclose(case.p.sum(-1), torch.ones(4), atol=1e-5)
+        if kind == "one_hot_q":
+            assert case.q is None
+        else:
+            assert case.q is not None and case.q.shape == (3, 10)
+        if kind.startswith("sparse_p") or kind in ("disjoint", "one_hot_p", "one_hot_both"):
+            assert bool((case.p == 0).any())
+
+
+def test_conditional_deviation_on_a_hand_made_round() -> None:
+    """p0 = (0.6, 0.4), q = (0.9, 0.1), draft 0 accepted w.p. 2/3, residual (0, 1): the exact
+    round distribution deviates < 1e-6 (float32 inputs); a wrong one (always emit p0's
+    argmax) is off by exactly 0.4."""
+    p = torch.tensor([[0.6, 0.4], [0.2, 0.8]])
+    q = torch.tensor([[0.9, 0.1]])
+    case = WalkCase("hand", "dense", 1, 2, p, q)
+    dev, wtv = conditional_deviation(round_outcomes(walk, case), p.double().numpy())
+    assert dev < 1e-6 and wtv < 1e-6
+    wrong = {(0,): 1.0}
+    dev, wtv = conditional_deviation(wrong, p.double().numpy())
+    assert dev == pytest.approx(0.4) and wtv == pytest.approx(0.4)
+
+
+def test_level1_passes_for_the_real_walk() -> None:
+    """All exact cases within 1e-6 and no Monte Carlo rejection at family-wise 0.01."""
+    r = run_level1(L1)
+    s = r.summary()
+    assert r.status == "pass", s
+    assert s["exact_cases"] == len(KINDS) * 4 and s["exact_max_deviation"] < 1e-6
+    assert s["mc_tests"] > 40 and s["mc_rejected"] == 0
+    # every test with degrees of freedom states its power (one-hot rows have none: any
+    # token outside the row's support is an impossible outcome, p = 0)
+    assert all(np.isfinite(t.min_detectable_tv) for t in r.tests if t.dof > 0)
+    assert "max deviation" in r.shown()[0]
+
+
+@pytest.mark.parametrize("fault", ["residual-is-p", "always-accept"])
+def test_level1_catches_a_broken_walk(fault: str) -> None:
+    """The broken walk must fail both parts: exact deviation > 1e-3 on some case, and at
+    least one Holm-rejected Monte Carlo test."""
+    with injected_fault(fault):
+        r = run_level1(L1)
+    s = r.summary()
+    assert r.status == "fail"
+    assert s["exact_max_deviation"] > 1e-3 and s["exact_failed"] > 0
+    assert s["mc_rejected"] > 0
+
+
+def test_injected_fault_is_restored() -> None:
+    from specdec import rejection
+
+    before = rejection.residual_distribution
+    with pytest.raises(RuntimeError), injected_fault("residual-is-p"):
+        assert rejection.residual_distribution is not before
+        raise RuntimeError("boom")
+    assert rejection.residual_distribution is before
+    with pytest.raises(ConfigError), injected_fault("no-such-fault"):
+        pass
+
+
+# ---------------------------------------------------------------- Level 2
+def test_exact_window_distribution_matches_brute_force() -> None:
+    """The DP over mock states equals the product of next-token probabilities summed over
+    every path (V = 4, positions 2..3, T = 0.9 with top-k 3): max difference < 1e-12."""
+    model = MockLM(vocab_size=4, order=2)
+    cfg = SamplingConfig(temperature=0.9, top_k=3)
+    prompt = [0, 2]
+    dp = exact_window_distribution(model, prompt, 2, 2, cfg)
+    brute = np.zeros(16)
+    for y1 in range(4):
+        for y2 in range(4):
+            for y3 in range(4):
+                ctx, prob = list(prompt), 1.0
+                for y in (y1, y2, y3):
+                    prob *= float(logits_to_probs(model.logits_for_context(ctx), cfg)[y])
+                    ctx.append(y)
+                brute[y2 + 4 * y3] += prob
+    assert np.abs(dp - brute).max() < 1e-12 and dp.sum() == pytest.approx(1.0)
+
+
+def test_reference_greedy_follows_the_argmax() -> None:
+    model = MockLM(vocab_size=16)
+    out = reference_greedy(model, [0, 5], 6)
+    ctx = [0, 5]
+    for t in out:
+        assert t == int(torch.argmax(model.logits_for_context(ctx)))
+        ctx.append(t)
+
+
+def test_level2_passes_for_the_real_decoder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Zero greedy mismatches; no sampled test rejected at family-wise 0.01. Resuming from
+    the progress log reproduces the same result without recomputation."""
+    log = ProgressLog(tmp_path / "p.jsonl", {"x": 1}, resume=False)
+    r = run_level2(L2, log=log)
+    s = r.summary()
+    assert r.status == "pass", s
+    assert s["greedy_units"] == 2 * 2 * 2 * 4 and s["greedy_mismatches"] == 0
+    assert s["sampled_tests"] == 4 and s["sampled_rejected"] == 0
+    resumed = ProgressLog(tmp_path / "p.jsonl", {"x": 1}, resume=True)
+    with injected_fault("always-accept"):  # would fail if anything were recomputed
+        r2 = run_level2(L2, log=resumed)
+    assert r2.summary()["sampled_min_p"] == s["sampled_min_p"] and r2.status == "pass"
+
+
+def test_level2_catches_residual_is_p() -> None:
+    """Greedy cannot see this bug (the residual of one-hot rows is the target row); the
+    sampled goodness-of-fit tests must reject."""
+    with injected_fault("residual-is-p"):
+        r = run_level2(L2)
+    s = r.summary()
+    assert r.status == "fail" and s["greedy_mismatches"] == 0 and s["sampled_rejected"] >= 2
+
+
+def test_level2_catches_always_accept() -> None:
+    """Accepting every draft breaks greedy bit-exactness and the sampled tests."""
+    with injected_fault("always-accept"):
+        r = run_level2(L2)
+    s = r.summary()
+    assert r.status == "fail" and s["greedy_mismatches"] > 0 and s["sampled_rejected"] >= 2

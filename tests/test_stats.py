@@ -1,0 +1,134 @@
+"""specdec.stats on known cases. Everything is seeded; thresholds are stated per test and
+were fixed before running (simulation tolerances are about 3 binomial standard errors)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from specdec import stats as S
+
+
+def test_holm_on_a_hand_computed_example() -> None:
+    """Sorted p (0.005, 0.01, 0.03, 0.04) scaled by (4, 3, 2, 1) = (0.02, 0.03, 0.06, 0.04),
+    running max (0.02, 0.03, 0.06, 0.06): exact equality expected."""
+    p = [0.01, 0.04, 0.03, 0.005]
+    np.testing.assert_allclose(S.holm_adjust(p), [0.03, 0.06, 0.06, 0.02])
+    assert S.holm_reject(p, 0.05).tolist() == [True, False, False, True]
+    np.testing.assert_allclose(S.bonferroni_adjust(p), [0.04, 0.16, 0.12, 0.02])
+    assert S.holm_adjust([]).shape == (0,)
+    assert S.holm_adjust([0.9, 0.8]).max() <= 1.0
+
+
+def test_pool_rare_keeps_mass_and_reaches_the_minimum() -> None:
+    """Every group except a lone one has weight >= the minimum; total weight is preserved."""
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        w = rng.exponential(size=20) * rng.choice([0.1, 1, 10])
+        w[rng.random(20) < 0.2] = 0.0
+        labels = S.pool_rare(w, 5.0)
+        sums = np.bincount(labels, weights=w)
+        assert sums.sum() == pytest.approx(w.sum())
+        if sums.shape[0] > 1:
+            assert sums.min() >= 5.0 - 1e-12
+        assert set(labels.tolist()) == set(range(sums.shape[0]))
+
+
+def test_gof_exact_counts_impossible_outcomes_and_pooling() -> None:
+    """Counts exactly proportional: statistic 0, p = 1. A count where p = 0: p-value 0."""
+    probs = np.array([0.5, 0.25, 0.25, 0.0])
+    r = S.chisquare_gof(np.array([200, 100, 100, 0]), probs)
+    assert r.statistic == pytest.approx(0.0, abs=1e-12) and r.pvalue == pytest.approx(1.0)
+    bad = S.chisquare_gof(np.array([200, 100, 99, 1]), probs)
+    assert bad.pvalue == 0.0 and bad.impossible == 1
+    # tiny expected counts are pooled: 100 draws over 50 rare + 1 common category
+    p = np.array([0.5] + [0.01] * 50)
+    r = S.chisquare_gof(np.random.default_rng(1).multinomial(100, p), p)
+    assert r.n_groups < 51 and r.dof == r.n_groups - 1
+
+
+def test_type_one_error_is_controlled() -> None:
+    """Under the null, rejection rates at alpha = 0.05 over 400 seeded experiments lie in
+    [0.02, 0.085] (0.05 +- about 3 standard errors) for both tests."""
+    rng = np.random.default_rng(2)
+    p = rng.dirichlet(np.ones(12))
+    gof = [S.chisquare_gof(rng.multinomial(300, p), p).pvalue for _ in range(400)]
+    hom = [
+        S.chisquare_homogeneity(rng.multinomial(300, p), rng.multinomial(200, p)).pvalue
+        for _ in range(400)
+    ]
+    for pv in (gof, hom):
+        rate = float(np.mean(np.array(pv) <= 0.05))
+        assert 0.02 <= rate <= 0.085, rate
+
+
+def test_homogeneity_identical_versus_shifted_samples() -> None:
+    """Same distribution: p > 0.01. A TV = 0.2 shift with 1,000 per sample: p < 1e-6."""
+    rng = np.random.default_rng(3)
+    p = rng.dirichlet(np.ones(8))
+    same = S.chisquare_homogeneity(rng.multinomial(1000, p), rng.multinomial(1000, p))
+    assert same.pvalue > 0.01
+    q = S.hardest_alternative(p, 0.2)
+    assert S.tv_distance(p, q) == pytest.approx(0.2)
+    shifted = S.chisquare_homogeneity(rng.multinomial(1000, p), rng.multinomial(1000, q))
+    assert shifted.pvalue < 1e-6
+    assert shifted.tv.low > 0.0  # the distribution-free interval excludes 0 here
+
+
+def test_power_formula_matches_simulation() -> None:
+    """At the computed minimal detectable TV (hardest-shape alternative, no pooling needed),
+    the simulated power over 1,500 experiments is 0.80 +- 0.04 (about 3.9 s.e.)."""
+    p = np.array([0.2, 0.2, 0.15, 0.15, 0.15, 0.15])
+    n = 500
+    tv = S.min_detectable_tv_homogeneity(n, n, 5, 0.01)
+    q = S.hardest_alternative(p, tv)
+    power = S.simulated_power_homogeneity(p, q, n, n, 0.01, trials=1500, seed=4)
+    assert abs(power - 0.8) <= 0.04, power
+    tv1 = S.min_detectable_tv_gof(n, 5, 0.01)
+    power1 = S.simulated_power_gof(S.hardest_alternative(p, tv1), p, n, 0.01, 1500, seed=5)
+    assert abs(power1 - 0.8) <= 0.04, power1
+
+
+def test_power_helpers_are_consistent() -> None:
+    """ncp_for_power inverts chisquare_power (to 1e-6); the size of the test is alpha."""
+    for dof in (1, 5, 40):
+        ncp = S.ncp_for_power(dof, 0.01, 0.8)
+        assert S.chisquare_power(ncp, dof, 0.01) == pytest.approx(0.8, abs=1e-6)
+        assert S.chisquare_power(0.0, dof, 0.01) == pytest.approx(0.01)
+    assert math.isnan(S.min_detectable_tv_gof(100, 0, 0.01))
+    # more data, smaller detectable difference; combined over strata beats one stratum
+    assert S.min_detectable_tv_gof(4000, 5, 0.01) < S.min_detectable_tv_gof(1000, 5, 0.01)
+    assert S.min_detectable_tv_combined([250.0] * 10, 50, 0.01) < (
+        S.min_detectable_tv_homogeneity(500, 500, 5, 0.01)
+    )
+
+
+def test_tv_interval_covers_the_truth() -> None:
+    """The 95 % distribution-free interval covers the true TV in >= 95 % of 300 experiments
+    (it is conservative, so coverage is usually ~100 %)."""
+    rng = np.random.default_rng(6)
+    p = rng.dirichlet(np.ones(10))
+    q = S.hardest_alternative(p, 0.1)
+    hits_one = hits_two = 0
+    for _ in range(300):
+        est = S.tv_one_sample(rng.multinomial(400, q), p)
+        hits_one += int(est.low <= 0.1 <= est.high)
+        est2 = S.tv_two_sample(rng.multinomial(400, p), rng.multinomial(300, q))
+        hits_two += int(est2.low <= 0.1 <= est2.high)
+    assert hits_one / 300 >= 0.95 and hits_two / 300 >= 0.95
+
+
+def test_combined_chisquare_sums_statistics() -> None:
+    """The combination is chi2(sum of statistics, sum of dof), exactly."""
+    rng = np.random.default_rng(7)
+    p = rng.dirichlet(np.ones(6))
+    rs = [
+        S.chisquare_homogeneity(rng.multinomial(200, p), rng.multinomial(200, p)) for _ in range(4)
+    ]
+    c = S.combine_chisquare(rs)
+    assert c.statistic == pytest.approx(sum(r.statistic for r in rs))
+    assert c.dof == sum(r.dof for r in rs)
+    assert c.pvalue == pytest.approx(sps.chi2.sf(c.statistic, c.dof))
