@@ -193,6 +193,9 @@ def print_plan(plan: BenchPlan) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.bench.runner import run_bench
+    from specdec.cli.common import quiet_libraries
+
+    quiet_libraries()
 
     plan = build_plan(args)
     if args.dry_run:
