@@ -57,6 +57,7 @@ def _no_nan(name: str) -> float:
 
 
 def test_levels_1_and_2_run_scaled_down(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Levels 1-2 need no model: both pass at scale 0.1 and Level 3 is reported as not run."""
     out = tmp_path / "c12"
     rc = main(["certify", "--levels", "1,2", "--quick", "--scale", "0.1", "--out", str(out)])
     assert rc == 0
@@ -110,6 +111,7 @@ def test_injected_fault_fails_the_certificate(
 def test_user_errors_are_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str], message: str
 ) -> None:
+    """Bad options end with one 'specdec: error:' line naming the problem, exit code 2."""
     rc = main(["certify", *L3, *argv, "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2 and message in err
@@ -125,3 +127,17 @@ def test_prompt_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(argv) == 0
     doc = json.loads((tmp_path / "certificate.json").read_text())
     assert doc["prompts"].startswith("1 from")
+
+
+def test_ngram_drafter_and_probe_level(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Level 3 also runs with the n-gram drafter (one-hot q); --levels probe runs only the
+    batch-invariance probe (exactly 0 on mocks)."""
+    argv = ["certify", *L3, "--draft", "ngram", "--out", str(tmp_path / "ng")]
+    assert main(argv) == 0
+    assert "L3 pass" in capsys.readouterr().out
+    argv = ["certify", "--levels", "probe", *MOCKS, "--out", str(tmp_path / "pr")]
+    assert main(argv) == 0
+    doc = json.loads((tmp_path / "pr" / "certificate.json").read_text())
+    assert doc["levels"]["probe"]["max_abs"] == 0.0
+    assert doc["levels"]["draft_probe"]["max_abs"] == 0.0
+    assert doc["target_runtime"]["class"] == "MockLM"

@@ -62,6 +62,7 @@ def test_probe_detects_a_batch_size_dependent_wrapper() -> None:
 
 
 def test_probe_rejects_bad_sizes() -> None:
+    """n < 2, or a probe that would overflow the context window: ConfigError."""
     with pytest.raises(ConfigError):
         batch_invariance(MockLM(), PROMPTS, ns=(1, 2))
     with pytest.raises(ConfigError):

@@ -121,6 +121,8 @@ def test_level1_catches_a_broken_walk(fault: str) -> None:
 
 
 def test_injected_fault_is_restored() -> None:
+    """The patched function is restored even when the block raises; unknown names are
+    a ConfigError."""
     from specdec import rejection
 
     before = rejection.residual_distribution
@@ -153,6 +155,7 @@ def test_exact_window_distribution_matches_brute_force() -> None:
 
 
 def test_reference_greedy_follows_the_argmax() -> None:
+    """Each reference token is the exact argmax of logits_for_context (equality)."""
     model = MockLM(vocab_size=16)
     out = reference_greedy(model, [0, 5], 6)
     ctx = [0, 5]

@@ -106,6 +106,7 @@ def test_a_real_bug_on_a_batch_variant_backend_still_fails() -> None:
 
 
 def test_top2_gap() -> None:
+    """Largest minus second-largest logit, exactly."""
     import torch
 
     assert top2_gap(torch.tensor([1.0, 3.0, 2.5])) == 0.5

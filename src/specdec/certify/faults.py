@@ -9,8 +9,9 @@ nothing). Used by the tests and by ``specdec certify --inject-fault``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -31,10 +32,12 @@ def _always_accept(p_x: float, q_x: float) -> float:
     return 1.0
 
 
-FAULTS: dict[str, tuple[str, Callable[..., Any]]] = {
-    "residual-is-p": ("residual_distribution", _residual_is_p),
-    "always-accept": ("acceptance_probability", _always_accept),
-}
+FAULTS: Mapping[str, tuple[str, Callable[..., Any]]] = MappingProxyType(
+    {
+        "residual-is-p": ("residual_distribution", _residual_is_p),
+        "always-accept": ("acceptance_probability", _always_accept),
+    }
+)
 
 
 @contextmanager

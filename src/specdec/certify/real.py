@@ -25,7 +25,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -327,6 +327,12 @@ class Comparison:
 
     def sentence(self) -> str:
         n = sum(t.n_a for t in self.tests)
+        if self.combined_dof == 0:
+            return (
+                f"{self.a} vs {self.b}: untestable — with {n} sequences per method over "
+                f"{len(self.tests)} prompts every category had to be pooled into one; use "
+                "more --seeds."
+            )
         verdict = "DIFFERENCE DETECTED" if self.rejected else "no difference detected"
         return (
             f"{self.a} vs {self.b}: {verdict} at alpha {self.alpha:g} "
@@ -515,6 +521,18 @@ class Level3Result:
                         + ")."
                     )
             lines.append(text)
+        if self.comparisons:
+            c = self.config
+            lines.append(
+                f"Sampled design (fixed before running): unit = one independent sequence (own "
+                f"seed, disjoint seed streams per method); variable = the first {c.m} generated "
+                f"token(s) as one category; T = {c.temperature:g}, top-k {c.top_k}, top-p "
+                f"{c.top_p:g}, K = {c.k}; null = the two methods' sequences have the same "
+                "distribution; test = per-prompt chi-square homogeneity (pooled to expected "
+                f"counts >= 5), Holm over prompts at {c.alpha / 2:g} plus the combined "
+                f"chi-square at {c.alpha / 2:g} (family-wise alpha {c.alpha:g}); power = the "
+                "smallest TV detected with 80 % probability."
+            )
         lines += [c.sentence() for c in self.comparisons]
         return lines
 
@@ -529,18 +547,23 @@ def run_level3(
     target_label: str = "target",
     log: ProgressLog | None = None,
     parts: Sequence[str] = ("probe", "greedy", "sampled"),
+    progress: Callable[[str], None] | None = None,
 ) -> Level3Result:
-    """Run the parts of Level 3 on a model pair (prompts as token ids)."""
+    """Run the parts of Level 3 on a model pair (prompts as token ids); ``progress``
+    receives a one-line message after each completed unit."""
+    say = progress or (lambda _msg: None)
     res = Level3Result(cfg, draft_label, target_label)
-    d: CausalLM | Drafter = PrefixReuseLM(draft) if isinstance(draft, CausalLM) else draft
-    t = PrefixReuseLM(target)
     if "probe" in parts:
         t0 = time.perf_counter()
         res.probe = batch_invariance(
             target, list(prompts[: cfg.probe_prompts]), ns=cfg.probe_ns, label=target_label
         )
         res.seconds["probe"] = time.perf_counter() - t0
+        say(f"probe: max |logit diff| {res.probe.max_abs:.3g} ({res.seconds['probe']:.0f} s)")
     probe_max = res.probe.max_abs if res.probe is not None else 0.0
+    # from here on the models are only used through the wrappers (the probe used them bare)
+    d: CausalLM | Drafter = PrefixReuseLM(draft) if isinstance(draft, CausalLM) else draft
+    t = PrefixReuseLM(target)
     if "greedy" in parts:
         t0 = time.perf_counter()
         for i, ids in enumerate(prompts[: cfg.greedy_prompts]):
@@ -552,6 +575,9 @@ def run_level3(
                 continue
             g = greedy_prompt(t, d, ids, cfg, probe_max, i)
             res.greedy.append(g)
+            what = "agrees" if g.divergence is None else f"diverges ({g.divergence.cause})"
+            n_greedy = min(len(prompts), cfg.greedy_prompts)
+            say(f"greedy prompt {i + 1}/{n_greedy}: {what} ({g.seconds:.0f} s)")
             if log:
                 log.put(key, asdict(g))
         res.seconds["greedy"] = time.perf_counter() - t0
@@ -573,6 +599,11 @@ def run_level3(
                         ]
                         if log:
                             log.put(key, done)
+                        say(
+                            f"sampled prompt {i + 1}/{min(len(prompts), cfg.sampled_prompts)}, "
+                            f"{method}: {c0 + len(done)}/{cfg.seeds} sequences "
+                            f"({time.perf_counter() - t0:.0f} s)"
+                        )
                     seqs.extend(done)
                 samples[method].append(seqs)
         res.comparisons = [compare(samples, a, b, cfg) for a, b in COMPARISONS]

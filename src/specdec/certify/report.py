@@ -69,10 +69,14 @@ class Certificate:
                     f" ({s['greedy_near_ties']} near-ties, {s['greedy_real_bugs']} real bugs)"
                 )
             for c in r.comparisons:
+                power = (
+                    f"detects TV >= {fmt(c.combined_min_detectable_tv)}"
+                    if c.combined_dof > 0
+                    else "untestable: too few sequences per category"
+                )
                 text += (
                     f"; {c.a} vs {c.b} p = {fmt(c.combined_p)}"
-                    f"{' REJECTED' if c.rejected else ''} (detects TV >= "
-                    f"{fmt(c.combined_min_detectable_tv)})"
+                    f"{' REJECTED' if c.rejected else ''} ({power})"
                 )
             if r.probe is not None:
                 text += f"; batch-invariance gap {r.probe.max_abs:.3g}"

@@ -71,6 +71,18 @@ def model_label(cfg: ModelConfig | str | None) -> str | None:
     return cfg.label()
 
 
+def runtime_info(model: object) -> dict[str, str] | None:
+    """What actually runs (the resolved dtype / device where the backend reports them)."""
+    if model is None:
+        return None
+    info = {"class": type(model).__name__}
+    for attr in ("dtype", "device", "path"):
+        value = getattr(model, attr, None)
+        if value is not None:
+            info[attr] = str(value)
+    return info
+
+
 def _encode_all(target: CausalLM, texts: list[str], chat: str) -> list[list[int]]:
     has_template = getattr(target.tokenizer, "apply_chat", None) is not None
     if chat == "on" and not has_template:
@@ -122,6 +134,8 @@ def run_certificate(
                 raise ConfigError("level 3 and the probe need models (--draft and --target)")
             say(f"loading models: draft {cfg.draft}, target {cfg.target} ...")
             draft, target = loader()
+            cert.header["draft_runtime"] = runtime_info(draft)
+            cert.header["target_runtime"] = runtime_info(target)
             n = cfg.plan.prompts
             texts, where = load_prompt_texts(cfg.prompts_source, n)
             ids = _encode_all(target, texts, cfg.chat)
@@ -141,6 +155,7 @@ def run_certificate(
                     draft_label=cfg.draft or "draft",
                     target_label=cfg.target or "target",
                     log=log,
+                    progress=lambda msg: say(f"level 3: {msg}"),
                 )
                 say(f"level 3: {cert.level3.status} ({sum(cert.level3.seconds.values()):.0f} s)")
             else:
