@@ -132,3 +132,18 @@ def test_combined_chisquare_sums_statistics() -> None:
     assert c.statistic == pytest.approx(sum(r.statistic for r in rs))
     assert c.dof == sum(r.dof for r in rs)
     assert c.pvalue == pytest.approx(sps.chi2.sf(c.statistic, c.dof))
+
+
+def test_softmax_tv_bound_holds() -> None:
+    """For random logits and perturbations of max size eps, the TV between the two
+    softmax rows (1 token) never exceeds 1 - exp(-2 eps); bound is 0 at eps = 0."""
+    rng = np.random.default_rng(8)
+    for eps in (1e-5, 0.1, 0.5):
+        for _ in range(200):
+            logits = rng.normal(size=20) * 3
+            delta = rng.uniform(-eps, eps, size=20)
+            p = np.exp(logits - logits.max())
+            q = np.exp(logits + delta - (logits + delta).max())
+            assert S.tv_distance(p, q) <= S.softmax_tv_bound(eps) + 1e-12
+    assert S.softmax_tv_bound(0.0, 3) == 0.0
+    assert S.softmax_tv_bound(0.1, 2) == pytest.approx(1 - math.exp(-0.4))

@@ -129,6 +129,14 @@ def tv_two_sample(
     return TvEstimate(est, max(0.0, est - r), min(1.0, est + r), confidence)
 
 
+def softmax_tv_bound(eps: float, n_tokens: int = 1) -> float:
+    """Largest TV between two distributions of n-token sequences whose next-token rows come
+    from logits differing by at most eps (max abs) at every token: a token's probability
+    ratio lies in [e^(-2 eps), e^(2 eps)], a sequence's in [e^(-2 n eps), e^(2 n eps)], so
+    TV <= 1 - e^(-2 n eps)."""
+    return 1.0 - math.exp(-2.0 * n_tokens * max(0.0, eps))
+
+
 # ------------------------------------------------------------------ pooling
 def pool_rare(weights: np.ndarray, min_weight: float) -> np.ndarray:
     """Group labels [C] that merge every category with weight < min_weight into one "other"

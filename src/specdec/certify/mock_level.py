@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -223,7 +223,6 @@ class Level2Result:
 
 
 # ------------------------------------------------------------------ running
-GenerateFn = Callable[..., Any]
 
 
 def run_greedy(cfg: Level2Config, log: ProgressLog | None) -> list[GreedyUnit]:

@@ -39,7 +39,6 @@ class Certificate:
     def status(self) -> str:
         return worst_status(
             [r.status for r in (self.level1, self.level2, self.level3) if r is not None]
-            + ([PASS] if self.probe is not None else [])
         )
 
     # -------------------------------------------------------------- verdict
@@ -90,6 +89,8 @@ class Certificate:
 
     def verdict_line(self) -> str:
         words = VERDICT_WORDS[self.status]
+        if self.status == SKIPPED and self.probe is not None:
+            words = "PROBE ONLY (no losslessness check was run)"
         prefix = ""
         if self.header.get("fault"):
             prefix = f"SELF-TEST with injected fault {self.header['fault']!r}: "
