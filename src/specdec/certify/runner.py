@@ -114,6 +114,9 @@ def run_certificate(
         header={
             **header,
             "specdec_version": __version__,
+            "seed_scheme": "every random stream is seeded with blake2b(seed, labels) "
+            "(specdec.certify.seeds.derive_seed); labels name the level, case or setup, method, "
+            "prompt and sequence index",
             "created_utc": created,
             "command": cfg.command,
         }

@@ -50,7 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="Level 3 prompts: a JSONL / text file, 'spec_bench' (packaged set) or "
         "'builtin' (default: builtin with --quick, spec_bench otherwise)",
     )
-    p.add_argument("--n-prompts", type=int, default=None, help="Level 3 prompts to use")
+    p.add_argument(
+        "--n-prompts",
+        type=int,
+        default=None,
+        help="Level 3 greedy prompts (quick 6, full 48); the probe and the sampled tests use "
+        "at most this many (quick 3 / 3, full 8 / 20)",
+    )
     p.add_argument(
         "--seeds",
         type=int,
