@@ -169,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             print(
-                f"[specdec] speedup {speedup:.2f}x ({plain.tokens_per_second:.2f} -> "
-                f"{spec.tokens_per_second:.2f} tok/s); outputs identical: "
+                f"[specdec] speedup {speedup:.2f}x wall clock ({plain.e2e_tokens_per_second:.2f} "
+                f"-> {spec.e2e_tokens_per_second:.2f} tok/s incl. prefill); outputs identical: "
                 f"{'yes' if same else 'no'}"
                 + (
                     ""
