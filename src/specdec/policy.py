@@ -75,7 +75,6 @@ class AdaptiveK:
     t_verify: dict[int, float] = field(default_factory=dict)
     t_other: float | None = None
     rounds: int = 0
-    _last_choice: int = 0
 
     def __post_init__(self) -> None:
         if self.k_max < 0:
@@ -120,7 +119,6 @@ class AdaptiveK:
             choice = max(known, key=lambda k: (known[k], -k)) if known else self.k_max
             if self.rounds % self.probe_every == 0:
                 choice = 1 if choice == 0 else min(self.k_max, choice + 1)
-        self._last_choice = choice
         return choice
 
     def observe(self, obs: RoundObservation) -> None:
