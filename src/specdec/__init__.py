@@ -1,4 +1,19 @@
-"""specdec: lossless speculative decoding you can run, measure and certify."""
+"""specdec: lossless speculative decoding you can run, measure and certify.
+
+    import specdec
+    pair = specdec.load()                                   # default draft/target pair
+    print(pair.generate("def fib(n):", max_new_tokens=16))   # text; .result has the stats
+
+The API names below are imported on first use (PEP 562), so ``import specdec`` and the
+command line's light subcommands do not pay for torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from specdec.errors import (
     ConfigError,
@@ -8,13 +23,47 @@ from specdec.errors import (
     VocabMismatchError,
 )
 
+if TYPE_CHECKING:
+    from specdec.api import Completion, Pair, TextStream, load
+    from specdec.decoding import GenerationResult, generate, generate_stream
+    from specdec.sampling import SamplingConfig
+
 __version__ = "0.1.0"
 
+_LAZY: Mapping[str, str] = MappingProxyType(
+    {
+        "load": "specdec.api",
+        "Pair": "specdec.api",
+        "Completion": "specdec.api",
+        "TextStream": "specdec.api",
+        "generate": "specdec.decoding",
+        "generate_stream": "specdec.decoding",
+        "GenerationResult": "specdec.decoding",
+        "SamplingConfig": "specdec.sampling",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
+    "Completion",
     "ConfigError",
     "ContextOverflowError",
+    "GenerationResult",
     "ModelLoadError",
+    "Pair",
+    "SamplingConfig",
     "SpecdecError",
+    "TextStream",
     "VocabMismatchError",
     "__version__",
+    "generate",
+    "generate_stream",
+    "load",
 ]

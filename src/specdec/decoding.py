@@ -1,5 +1,9 @@
-"""The decoding loop: prefill, draft K, verify K + 1 in one target pass, accept/reject,
-roll back. K = 0 (or no drafter) is plain target-only decoding through the same code.
+"""The decoding loop: prefill, then rounds of draft K, verify K + 1 in one target pass,
+accept/reject, roll back. K = 0 (or no drafter) is plain target-only decoding through the
+same code. ``speculative_round`` is the one implementation of a round; what decides which
+tokens are kept is a pluggable ``Verifier`` (``specdec.verifiers``): the lossless
+accept/reject walk for generation, exact matching for the certificate's shape-matched
+baseline.
 
 Cache invariant between rounds (L = len(context)):
     target cache = context[:L-1]       (the last token is fed at the start of the next round)
@@ -12,10 +16,11 @@ n acceptances the target cache is truncated to L + n, which is the new context m
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ParamSpec
 
 import numpy as np
 import torch
@@ -23,11 +28,11 @@ import torch
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.model import ModelDrafter
 from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError, VocabMismatchError
-from specdec.models.base import CausalLM, cached_prefix_len
+from specdec.models.base import CausalLM, cached_prefix_len, extend_last
 from specdec.policy import FixedK, KPolicy, RoundObservation
-from specdec.rejection import accept_reject
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.timing import Stopwatch, delta
+from specdec.verifiers import Verifier, rejection_verifier
 
 
 @dataclass
@@ -128,7 +133,8 @@ class GenerationResult:
         }
 
 
-def _as_drafter(draft: CausalLM | Drafter | None, target: CausalLM) -> Drafter | None:
+def as_drafter(draft: CausalLM | Drafter | None, target: CausalLM) -> Drafter | None:
+    """A Drafter as is; a draft model wrapped in a ``ModelDrafter``; None stays None."""
     if draft is None:
         return None
     if hasattr(draft, "propose"):
@@ -143,11 +149,12 @@ def _as_drafter(draft: CausalLM | Drafter | None, target: CausalLM) -> Drafter |
     return ModelDrafter(model)
 
 
-def _context_limit(target: CausalLM, drafter: Drafter | None) -> int:
+def context_limit(target: CausalLM, drafter: Drafter | None) -> int:
+    """Tokens a generation may hold: the smaller window of the target and a model drafter
+    (drafters with a window expose ``n_ctx``)."""
     limit = target.n_ctx
-    if isinstance(drafter, ModelDrafter):
-        limit = min(limit, drafter.model.n_ctx)
-    return limit
+    drafter_ctx = getattr(drafter, "n_ctx", None)
+    return limit if drafter_ctx is None else min(limit, int(drafter_ctx))
 
 
 def validate_request(prompt_ids: Sequence[int], max_new_tokens: int, n_ctx: int) -> None:
@@ -162,6 +169,212 @@ def validate_request(prompt_ids: Sequence[int], max_new_tokens: int, n_ctx: int)
         )
 
 
+def clamp_k(k: int, remaining: int, n_ctx: int, n_context: int) -> int:
+    """K for a round: never more drafts than tokens still wanted minus the correction/bonus
+    token, and never past the context window (the K + 1 verified positions must fit)."""
+    return max(0, min(k, remaining - 1, n_ctx - n_context - 1))
+
+
+@dataclass
+class RoundOutcome:
+    """What ``speculative_round`` did to the context."""
+
+    k: int  # drafts proposed (after clamping; a drafter may propose fewer than asked)
+    n_accepted: int  # drafts kept by the verifier (0..k)
+    tokens: list[int]  # tokens appended to the context (after the EOS / length cut)
+    eos: bool  # the round ended at an end-of-sequence token
+
+
+def speculative_round(
+    target: CausalLM,
+    drafter: Drafter | None,
+    ctx: list[int],
+    *,
+    k: int,
+    remaining: int,
+    n_ctx: int,
+    sampling: SamplingConfig,
+    verifier: Verifier,
+    draft_generator: torch.Generator,
+    verify_generator: torch.Generator,
+    stopwatch: Stopwatch,
+    stop_on_eos: bool,
+) -> RoundOutcome:
+    """One round. Appends the kept tokens to ``ctx`` (the accepted context) in place.
+
+    Before and after: the target caches ctx[:-1] and the drafter a prefix of ctx.
+    """
+    # 1. How many drafts: the policy's K, clamped to the tokens wanted and the window.
+    k_r = clamp_k(k, remaining, n_ctx, len(ctx))
+    # 2. Draft (a drafter may propose fewer tokens than asked, or none).
+    draft = (
+        drafter.propose(ctx, k_r, sampling, draft_generator, stopwatch)
+        if drafter is not None and k_r > 0
+        else Draft([], None)
+    )
+    k_r = len(draft)
+    assert target.n_cached == len(ctx) - 1, "target cache out of sync with the context"
+    # 3. Verify: ONE target pass over [last context token, x_1..x_K] -> K + 1 rows.
+    with stopwatch.section("verify"):
+        logits = target.extend([ctx[-1], *draft.tokens])  # [K+1, V]
+    # 4. Decide which drafts are kept and the token after them.
+    with stopwatch.section("sampling"):
+        p = logits_to_probs(logits, sampling)  # [K+1, V]
+        drafts = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
+        n_acc, nxt = verifier(p, draft.probs, drafts, verify_generator)
+    # 5. Roll the target back past the rejected drafts (the new last token is not cached).
+    if n_acc < k_r:
+        with stopwatch.section("verify"):
+            target.truncate(len(ctx) + n_acc)
+    # 6. Cut at end-of-sequence and at the requested length.
+    emitted = [*draft.tokens[:n_acc], nxt]
+    eos = False
+    if stop_on_eos:
+        for j, t in enumerate(emitted):
+            if t in target.eos_token_ids:
+                emitted, eos = emitted[: j + 1], True
+                break
+    emitted = emitted[:remaining]
+    ctx.extend(emitted)
+    # 7. Roll the drafter back to the accepted context (it catches up next round).
+    if drafter is not None and n_acc < k_r:
+        with stopwatch.section("draft"):
+            drafter.rollback(ctx)
+    return RoundOutcome(k=k_r, n_accepted=n_acc, tokens=emitted, eos=eos)
+
+
+def _round_stats(
+    outcome: RoundOutcome, before: dict[str, float], after: dict[str, float], t_round: float
+) -> RoundStats:
+    return RoundStats(
+        k=outcome.k,
+        n_accepted=outcome.n_accepted,
+        n_emitted=len(outcome.tokens),
+        t_draft=delta(after, before, "draft"),
+        t_verify=delta(after, before, "verify"),
+        t_sampling=delta(after, before, "sampling"),
+        t_round=t_round,
+    )
+
+
+def _prefill(
+    target: CausalLM, drafter: Drafter | None, ctx: Sequence[int], reuse_prefix: bool
+) -> None:
+    """Make the target cache ctx[:-1] and the drafter ctx[:-1]: with reuse_prefix, keep what
+    the caches already share with the prompt (backends that report ``cached_tokens``)."""
+    keep = cached_prefix_len(target, ctx[:-1]) if reuse_prefix else 0
+    if target.n_cached > keep:
+        target.truncate(keep)
+    if len(ctx) - 1 > keep:
+        extend_last(target, ctx[keep:-1])
+    if drafter is not None:
+        drafter.reset()
+        if not reuse_prefix:
+            drafter.rollback([])
+        drafter.prefill(ctx[:-1])
+
+
+def _run(
+    target: CausalLM,
+    drafter: Drafter | None,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int,
+    policy: KPolicy,
+    sampling: SamplingConfig,
+    seed: int,
+    draft_seed: int | None,
+    stop_on_eos: bool,
+    reuse_prefix: bool,
+    verifier: Verifier,
+    n_ctx: int,
+) -> Generator[RoundEvent, None, GenerationResult]:
+    verify_gen = make_generator(seed)
+    draft_gen = verify_gen if draft_seed is None else make_generator(draft_seed)
+    sw = Stopwatch()
+    ctx = list(prompt_ids)
+    out: list[int] = []
+    rounds: list[RoundStats] = []
+    finish = "length"
+    t_start = time.perf_counter()
+    with sw.section("prefill"):
+        _prefill(target, drafter, ctx, reuse_prefix)
+    t_prefill = time.perf_counter() - t_start
+
+    while len(out) < max_new_tokens:
+        if len(ctx) >= n_ctx:
+            finish = "context"
+            break
+        t0 = time.perf_counter()
+        before = sw.snapshot()
+        outcome = speculative_round(
+            target,
+            drafter,
+            ctx,
+            k=policy.next_k(),
+            remaining=max_new_tokens - len(out),
+            n_ctx=n_ctx,
+            sampling=sampling,
+            verifier=verifier,
+            draft_generator=draft_gen,
+            verify_generator=verify_gen,
+            stopwatch=sw,
+            stop_on_eos=stop_on_eos,
+        )
+        stats = _round_stats(outcome, before, sw.snapshot(), time.perf_counter() - t0)
+        out.extend(outcome.tokens)
+        rounds.append(stats)
+        policy.observe(
+            RoundObservation(
+                stats.k, stats.n_accepted, stats.t_draft, stats.t_verify, stats.t_round
+            )
+        )
+        yield RoundEvent(outcome.tokens, stats)
+        if outcome.eos:
+            finish = "eos"
+            break
+
+    return GenerationResult(
+        prompt_ids=list(prompt_ids),
+        tokens=out,
+        rounds=rounds,
+        finish_reason=finish,
+        t_prefill=t_prefill,
+        t_total=time.perf_counter() - t_start,
+        drafter=getattr(drafter, "name", "none") if drafter is not None else "none",
+    )
+
+
+class Generation:
+    """A running generation: iterate it for one ``RoundEvent`` per round; ``result`` is the
+    ``GenerationResult`` once the iteration has ended (None while running, or when the
+    caller stopped early). ``run()`` drains it and returns the result."""
+
+    def __init__(self, rounds: Generator[RoundEvent, None, GenerationResult]) -> None:
+        self._rounds = rounds
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[RoundEvent]:
+        return self
+
+    def __next__(self) -> RoundEvent:
+        try:
+            return next(self._rounds)
+        except StopIteration as stop:
+            self.result = stop.value
+            raise
+
+    def run(self) -> GenerationResult:
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    def close(self) -> None:
+        """Stop early (the caches stay as the last round left them)."""
+        self._rounds.close()
+
+
 def generate_stream(
     target: CausalLM,
     draft: CausalLM | Drafter | None,
@@ -173,136 +386,76 @@ def generate_stream(
     seed: int = 0,
     stop_on_eos: bool = True,
     reuse_prefix: bool = True,
-    result_sink: list[GenerationResult] | None = None,
-) -> Iterator[RoundEvent]:
-    """Yield one ``RoundEvent`` per round; when done, append the full result to result_sink.
+    verifier: Verifier = rejection_verifier,
+    draft_seed: int | None = None,
+) -> Generation:
+    """Start generating up to ``max_new_tokens`` after ``prompt_ids``; iterate the returned
+    ``Generation`` for one ``RoundEvent`` per round, then read ``.result``.
 
-    reuse_prefix: keep cache entries that the prompt shares with what the models already hold
-    (backends that report ``cached_tokens``), so repeated or extended prompts are not prefilled
-    again; False always prefills from scratch.
+    target:         the model whose distribution the output has (a ``CausalLM``).
+    draft:          a draft ``CausalLM`` (wrapped in a ``ModelDrafter``), any ``Drafter``
+                    (n-gram, ...), or None for plain decoding.
+    prompt_ids:     the prompt's token ids (non-empty, shorter than the context window).
+    max_new_tokens: the most tokens to generate (>= 1).
+    k:              drafts per round (0 = plain decoding) or a ``KPolicy`` (``AdaptiveK``).
+    sampling:       temperature / top-k / top-p (default: greedy), applied identically to
+                    draft and target rows.
+    seed:           seeds the generator of the verifier (and of the drafter, see draft_seed).
+    stop_on_eos:    stop after an end-of-sequence token (it is included in the output).
+    reuse_prefix:   keep cache entries that the prompt shares with what the models already
+                    hold (backends that report ``cached_tokens``); False prefills from scratch.
+    verifier:       which drafts are kept (``specdec.verifiers``; default: the lossless
+                    accept/reject walk).
+    draft_seed:     seed of a separate generator for the drafter (None: the drafter shares
+                    the verifier's generator, one stream per generation).
+
+    Arguments are checked here, before the first round, so errors surface at the call.
     """
     sampling = sampling if sampling is not None else SamplingConfig()
     policy: KPolicy = FixedK(k) if isinstance(k, int) else k
-    drafter = _as_drafter(draft, target)
-    n_ctx = _context_limit(target, drafter)
+    drafter = as_drafter(draft, target)
+    n_ctx = context_limit(target, drafter)
     validate_request(prompt_ids, max_new_tokens, n_ctx)
     for t in prompt_ids:
         if not 0 <= int(t) < target.vocab_size:
             raise ConfigError(f"prompt token id {t} outside the vocabulary")
-
-    gen = make_generator(seed)
-    sw = Stopwatch()
-    ctx = [int(t) for t in prompt_ids]
-    out: list[int] = []
-    rounds: list[RoundStats] = []
-    finish = "length"
-    t_start = time.perf_counter()
-
-    with sw.section("prefill"):
-        # reuse the cached prefix the prompt shares with the previous generation, if any
-        keep = cached_prefix_len(target, ctx[:-1]) if reuse_prefix else 0
-        if target.n_cached > keep:
-            target.truncate(keep)
-        if len(ctx) - 1 > keep:
-            target.extend(ctx[keep:-1], last_only=True)
-        if drafter is not None:
-            drafter.reset()
-            if not reuse_prefix:
-                drafter.rollback([])
-            drafter.prefill(ctx[:-1])
-    t_prefill = time.perf_counter() - t_start
-
-    while len(out) < max_new_tokens:
-        if len(ctx) >= n_ctx:
-            finish = "context"
-            break
-        t0 = time.perf_counter()
-        before = sw.snapshot()
-        remaining = max_new_tokens - len(out)
-        k_r = max(0, min(policy.next_k(), remaining - 1, n_ctx - len(ctx) - 1))
-        draft_out = (
-            drafter.propose(ctx, k_r, sampling, gen, sw)
-            if drafter is not None and k_r > 0
-            else Draft([], None)
+    return Generation(
+        _run(
+            target,
+            drafter,
+            [int(t) for t in prompt_ids],
+            max_new_tokens=max_new_tokens,
+            policy=policy,
+            sampling=sampling,
+            seed=seed,
+            draft_seed=draft_seed,
+            stop_on_eos=stop_on_eos,
+            reuse_prefix=reuse_prefix,
+            verifier=verifier,
+            n_ctx=n_ctx,
         )
-        k_r = len(draft_out)
-        assert target.n_cached == len(ctx) - 1, "target cache out of sync with the context"
-        with sw.section("verify"):
-            logits = target.extend([ctx[-1], *draft_out.tokens])  # [K+1, V]
-        with sw.section("sampling"):
-            p = logits_to_probs(logits, sampling)  # [K+1, V]
-            drafts = torch.tensor(draft_out.tokens, dtype=torch.long)  # [K]
-            n_acc, nxt = accept_reject(p, draft_out.probs, drafts, gen)
-        if n_acc < k_r:
-            with sw.section("verify"):
-                target.truncate(len(ctx) + n_acc)
-        emitted = [*draft_out.tokens[:n_acc], nxt]
-        if stop_on_eos:
-            for j, t in enumerate(emitted):
-                if t in target.eos_token_ids:
-                    emitted = emitted[: j + 1]
-                    finish = "eos"
-                    break
-        emitted = emitted[:remaining]
-        ctx.extend(emitted)
-        out.extend(emitted)
-        if drafter is not None and n_acc < k_r:
-            with sw.section("draft"):
-                drafter.rollback(ctx)
-        after = sw.snapshot()
-        stats = RoundStats(
-            k=k_r,
-            n_accepted=n_acc,
-            n_emitted=len(emitted),
-            t_draft=delta(after, before, "draft"),
-            t_verify=delta(after, before, "verify"),
-            t_sampling=delta(after, before, "sampling"),
-            t_round=time.perf_counter() - t0,
-        )
-        rounds.append(stats)
-        policy.observe(RoundObservation(k_r, n_acc, stats.t_draft, stats.t_verify, stats.t_round))
-        yield RoundEvent(emitted, stats)
-        if finish == "eos":
-            break
-
-    if result_sink is not None:
-        result_sink.append(
-            GenerationResult(
-                prompt_ids=list(prompt_ids),
-                tokens=out,
-                rounds=rounds,
-                finish_reason=finish,
-                t_prefill=t_prefill,
-                t_total=time.perf_counter() - t_start,
-                drafter=getattr(drafter, "name", "none") if drafter is not None else "none",
-            )
-        )
+    )
 
 
-def generate(
-    target: CausalLM,
-    draft: CausalLM | Drafter | None,
-    prompt_ids: Sequence[int],
-    *,
-    max_new_tokens: int,
-    k: int | KPolicy = 4,
-    sampling: SamplingConfig | None = None,
-    seed: int = 0,
-    stop_on_eos: bool = True,
-    reuse_prefix: bool = True,
-) -> GenerationResult:
-    """Generate up to max_new_tokens after prompt_ids; see ``generate_stream``."""
-    sink: list[GenerationResult] = []
-    for _ in generate_stream(
-        target,
-        draft,
-        prompt_ids,
-        max_new_tokens=max_new_tokens,
-        k=k,
-        sampling=sampling,
-        seed=seed,
-        stop_on_eos=stop_on_eos,
-        result_sink=sink,
-    ):
-        pass
-    return sink[0]
+_P = ParamSpec("_P")
+
+
+def _drained(stream: Callable[_P, Generation]) -> Callable[_P, GenerationResult]:
+    """The whole-result form of a streaming function: same parameters by construction."""
+
+    def run_to_end(*args: _P.args, **kwargs: _P.kwargs) -> GenerationResult:
+        return stream(*args, **kwargs).run()
+
+    run_to_end.__doc__ = (
+        "Generate to the end and return the ``GenerationResult``; the arguments are those "
+        "of ``generate_stream``:\n\n" + (stream.__doc__ or "")
+    )
+    # what help() and IDEs show: the stream's own parameters
+    run_to_end.__signature__ = inspect.signature(stream).replace(  # type: ignore[attr-defined]
+        return_annotation="GenerationResult"
+    )
+    return run_to_end
+
+
+generate = _drained(generate_stream)
+generate.__name__ = generate.__qualname__ = "generate"

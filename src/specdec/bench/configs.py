@@ -17,9 +17,8 @@ from typing import Any
 
 from specdec.errors import ConfigError
 from specdec.models.loader import ModelConfig
+from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET
 
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 DEFAULT_N_CTX = 2048  # fits every Spec-Bench prompt (<= ~1,700 Qwen tokens) plus the output
 
 

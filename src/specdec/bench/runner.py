@@ -29,11 +29,11 @@ from specdec.decoding import GenerationResult, generate
 from specdec.drafters import NgramDrafter
 from specdec.drafters.base import Drafter
 from specdec.errors import ConfigError, SpecdecError
-from specdec.models.base import CausalLM, check_same_vocabulary
+from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
+from specdec.pairs import Loader, load_pair, pair_context_limit, release
 from specdec.prompting import encode_prompt
 
-Loader = Callable[[ModelConfig], CausalLM]
 Hook = Callable[[dict[str, Any]], None]
 Log = Callable[[str], None]
 
@@ -159,13 +159,6 @@ def _use_chat(plan: BenchPlan, target: CausalLM) -> bool:
     return has if plan.chat == "auto" else plan.chat == "on"
 
 
-def _release(*models: object) -> None:
-    for m in models:
-        close = getattr(m, "close", None)
-        if callable(close):
-            close()
-
-
 class _Runner:
     """One bench session (kept small: the state of a run, not module state)."""
 
@@ -205,20 +198,11 @@ class _Runner:
 
     def load(self, cfg: BenchConfig) -> tuple[CausalLM, CausalLM | Drafter]:
         self.bar.set_description_str(f"{cfg.label}: loading")
-        target = self.loader(cfg.target)
+        ref: ModelConfig | Drafter | None = cfg.draft
         if cfg.ngram is not None:
-            return target, NgramDrafter(max_n=cfg.ngram.max_n, min_n=cfg.ngram.min_n)
-        assert cfg.draft is not None
-        try:
-            draft = self.loader(cfg.draft)
-        except BaseException:
-            _release(target)
-            raise
-        try:
-            check_same_vocabulary(draft, target)
-        except SpecdecError:
-            _release(draft, target)
-            raise
+            ref = NgramDrafter(max_n=cfg.ngram.max_n, min_n=cfg.ngram.min_n)
+        draft, target = load_pair(ref, cfg.target, loader=self.loader)
+        assert draft is not None, "a bench configuration always has a drafter"
         return target, draft
 
     def encode(
@@ -264,9 +248,7 @@ class _Runner:
         target, draft = self.load(cfg)
         try:
             self.log(f"{cfg.label}: loaded in {time.perf_counter() - t0:.1f} s")
-            n_ctx = target.n_ctx
-            if isinstance(draft, CausalLM):
-                n_ctx = min(n_ctx, draft.n_ctx)
+            n_ctx = pair_context_limit(draft, target)
             ids = self.encode(cfg, target, n_ctx, prompts)
             if self.plan.warmup and ids:
                 self.bar.set_description_str(f"{cfg.label}: warm-up")
@@ -323,7 +305,7 @@ class _Runner:
                 self.outcome.measured += 1
                 self.bar.update(1)
         finally:
-            _release(draft, target)
+            release(draft, target)
             del target, draft
             gc.collect()
 

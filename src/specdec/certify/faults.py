@@ -19,7 +19,7 @@ import torch
 
 from specdec import rejection
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM, Tokenizer
+from specdec.models.base import CausalLM, Tokenizer, extend_last
 
 
 def _residual_is_p(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -94,7 +94,7 @@ class BatchVariantLM:
 
     def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         start = self.model.n_cached
-        out = self.model.extend(tokens, last_only=last_only)  # [n, V] or [1, V]
+        out = extend_last(self.model, tokens) if last_only else self.model.extend(tokens)
         n = len(tokens)
         if n == 1 or self.scale == 0.0:
             return out

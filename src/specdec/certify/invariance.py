@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM
+from specdec.models.base import CausalLM, extend_last
 
 DEFAULT_NS: tuple[int, ...] = (2, 5, 9)
 
@@ -132,7 +132,7 @@ def probe_prompt(
         )
     if model.n_cached:
         model.truncate(0)
-    last = model.extend(list(prompt_ids), last_only=True)[-1]  # [V]
+    last = extend_last(model, list(prompt_ids))[-1]  # [V]
     base = model.n_cached
     cont: list[int] = []
     single: list[torch.Tensor] = []

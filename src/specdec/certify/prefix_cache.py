@@ -14,7 +14,13 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.models.base import CausalLM, Tokenizer, check_extend_args, check_truncate_args
+from specdec.models.base import (
+    CausalLM,
+    Tokenizer,
+    check_extend_args,
+    check_truncate_args,
+    extend_last,
+)
 
 
 class PrefixReuseLM:
@@ -66,7 +72,7 @@ class PrefixReuseLM:
         if len(self._tokens) > self._n:
             self.model.truncate(self._n)
             del self._tokens[self._n :]
-        out = self.model.extend(t, last_only=last_only)  # [len(t), V] or [1, V]
+        out = extend_last(self.model, t) if last_only else self.model.extend(t)  # [1|n, V]
         self._tokens.extend(t)
         if self._n == 0:
             self._prefix, self._prefix_logits = tuple(t), out.clone()

@@ -34,7 +34,7 @@ import torch
 
 from specdec.decoding import GenerationResult, RoundStats, generate, generate_stream
 from specdec.drafters.base import Drafter
-from specdec.models.base import CausalLM
+from specdec.models.base import CausalLM, extend_last
 from specdec.sampling import SamplingConfig
 from specdec.stats import (
     ChiSquareResult,
@@ -100,7 +100,7 @@ def replay_speculative_row(
     if target.n_cached:
         target.truncate(0)
     if len(ctx) > 1:
-        target.extend(ctx[:-1], last_only=True)
+        extend_last(target, ctx[:-1])
     pos = 0
     for r in rounds:
         accepted = [int(t) for t in tokens[pos : pos + r.n_accepted]]
@@ -126,7 +126,7 @@ def sequential_row(
         target.truncate(0)
     ctx = [int(t) for t in prompt]
     if len(ctx) > 1:
-        target.extend(ctx[:-1], last_only=True)
+        extend_last(target, ctx[:-1])
     row = target.extend([ctx[-1]])[0]
     for t in tokens[:index]:
         row = target.extend([int(t)])[0]

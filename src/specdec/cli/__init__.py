@@ -1,34 +1,73 @@
-"""The ``specdec`` command line: one module per subcommand, each with ``register``."""
+"""The ``specdec`` command line: one module per subcommand, each with ``register``.
+
+Subcommands are registered lazily: only the module of the command being run is imported, so
+``specdec --help`` and ``specdec models list`` start without importing torch.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from specdec import __version__
 from specdec.errors import SpecdecError
 
+# name -> (module, one-line help shown by `specdec --help` without importing the module)
+COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "generate": ("specdec.cli.generate", "generate text with speculative decoding"),
+        "models": ("specdec.cli.models", "list, fetch and verify the real models of the store"),
+        "bench": (
+            "specdec.cli.bench",
+            "measure speedup, acceptance and costs of speculative decoding",
+        ),
+        "report": ("specdec.cli.report", "write a markdown report with plots from bench results"),
+        "certify": (
+            "specdec.cli.certify",
+            "certify that speculative decoding is lossless (3 levels + batch-invariance probe)",
+        ),
+    }
+)
 
-def build_parser() -> argparse.ArgumentParser:
-    from specdec.cli import bench, certify, generate, models, report
 
+def command_help(name: str) -> str:
+    """The one-line help of a subcommand (one source for the lazy and the full parser)."""
+    return COMMANDS[name][1]
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand named in argv (the first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser, with the full options of the command named in ``argv`` (all commands'
+    full options when argv is None)."""
     parser = argparse.ArgumentParser(
         prog="specdec",
         description="Lossless speculative decoding: generate, measure, certify.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (generate, models, bench, report, certify):
-        module.register(sub)
+    chosen = None if argv is None else _command_in(argv)
+    for name, (module, help_text) in COMMANDS.items():
+        if argv is None or name == chosen:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=help_text)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)

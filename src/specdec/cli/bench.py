@@ -11,6 +11,7 @@ from typing import Any
 from specdec.bench.configs import check_unique_labels, parse_config
 from specdec.bench.plan import CHAT_CHOICES, MODES, BenchPlan, full_plan, measurements, quick_plan
 from specdec.bench.prompts import select_prompts
+from specdec.cli import command_help
 from specdec.errors import ConfigError
 
 DEFAULT_OUT = "runs/bench.jsonl"
@@ -20,7 +21,7 @@ QUICK_OUT = "runs/bench-quick.jsonl"
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
-        help="measure speedup, acceptance and costs of speculative decoding",
+        help=command_help("bench"),
         description=(
             "Run plain decoding (K = 0) and speculative decoding for every K of a sweep on the "
             "same prompts and seeds, for each draft -> target configuration, interleaved; "

@@ -7,13 +7,14 @@ import shlex
 import sys
 from pathlib import Path
 
+from specdec.cli import command_help
 from specdec.cli.common import add_model_args, model_configs, quiet_libraries
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "certify",
-        help="certify that speculative decoding is lossless (3 levels + batch-invariance probe)",
+        help=command_help("certify"),
         description="Level 1: the accept/reject walk on synthetic distributions (exact and "
         "Monte Carlo). Level 2: the decoding loop on mock models with exactly known "
         "distributions. Level 3: the real draft/target/backend setup (greedy agreement, "
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.certify.common import FAIL
     from specdec.certify.plan import make_plan, parse_levels
     from specdec.certify.runner import CertifyConfig, model_label, run_certificate
-    from specdec.models.loader import load_pair
+    from specdec.pairs import load_pair
 
     levels = parse_levels(args.levels)
     plan = make_plan(

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 
-from specdec.models.loader import (
-    BACKENDS,
+from specdec.models.loader import BACKENDS, DEVICES, DTYPES, ModelConfig
+from specdec.pairs import (
     DEFAULT_DRAFT,
+    DEFAULT_DRAFT_BACKEND,
     DEFAULT_TARGET,
-    DEVICES,
-    DTYPES,
-    ModelConfig,
+    DEFAULT_TARGET_BACKEND,
+    is_model_free,
 )
 from specdec.sampling import SamplingConfig
 
@@ -29,8 +29,8 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
         default=DEFAULT_TARGET,
         help=f"target: store name, GGUF file or model directory (default: {DEFAULT_TARGET})",
     )
-    g.add_argument("--draft-backend", default="llamacpp", choices=BACKENDS)
-    g.add_argument("--target-backend", default="hf", choices=BACKENDS)
+    g.add_argument("--draft-backend", default=DEFAULT_DRAFT_BACKEND, choices=BACKENDS)
+    g.add_argument("--target-backend", default=DEFAULT_TARGET_BACKEND, choices=BACKENDS)
     g.add_argument(
         "--device",
         default="auto",
@@ -63,7 +63,7 @@ def model_configs(args: argparse.Namespace) -> tuple[ModelConfig | str | None, M
         n_threads=args.threads,
     )
     draft: ModelConfig | str | None
-    if args.draft in ("none", "") or args.draft.startswith("ngram"):
+    if is_model_free(args.draft):
         draft = args.draft or "none"
     else:
         draft = ModelConfig(

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from specdec.cli import command_help
 from specdec.cli.common import (
     add_model_args,
     add_sampling_args,
@@ -16,9 +17,10 @@ from specdec.cli.common import (
     sampling_config,
 )
 from specdec.decoding import GenerationResult, generate_stream
+from specdec.detokenize import IncrementalDecoder
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
-from specdec.models.loader import load_pair
+from specdec.pairs import load_pair
 from specdec.policy import AdaptiveK, FixedK, KPolicy
 from specdec.prompting import encode_prompt
 
@@ -26,7 +28,7 @@ from specdec.prompting import encode_prompt
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
-        help="generate text with speculative decoding",
+        help=command_help("generate"),
         description="Generate text from the target model with a draft proposing K tokens per "
         "round. Greedy output equals the target's own; sampled output has its distribution.",
     )
@@ -52,24 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-class TextStreamer:
-    """Prints decoded text as tokens arrive, never splitting a multi-byte character."""
-
-    def __init__(self, model: CausalLM, out: TextIO) -> None:
-        self.model, self.out = model, out
-        self.ids: list[int] = []
-        self.printed = 0
-
-    def push(self, tokens: list[int], final: bool = False) -> None:
-        self.ids.extend(tokens)
-        text = self.model.tokenizer.decode(self.ids)
-        if not final and text.endswith("\ufffd"):
-            return
-        self.out.write(text[self.printed :])
-        self.out.flush()
-        self.printed = len(text)
-
-
 def _policy(args: argparse.Namespace, has_drafter: bool) -> KPolicy:
     if args.k < 0:
         raise ConfigError(f"-k must be >= 0, got {args.k}")
@@ -87,11 +71,16 @@ def _run_once(
     args: argparse.Namespace,
     k: int | None,
     stream_to: TextIO | None,
+    auto: Any = None,
 ) -> GenerationResult:
-    policy = FixedK(0) if k == 0 else _policy(args, draft is not None)
-    sink: list[GenerationResult] = []
-    streamer = TextStreamer(target, stream_to) if stream_to is not None else None
-    for ev in generate_stream(
+    if k == 0:
+        policy: KPolicy = FixedK(0)
+    elif auto is not None:
+        policy = auto.policy()
+    else:
+        policy = _policy(args, draft is not None)
+    decoder = IncrementalDecoder(target.tokenizer)
+    run = generate_stream(
         target,
         draft if k != 0 else None,
         prompt_ids,
@@ -100,14 +89,16 @@ def _run_once(
         sampling=sampling_config(args),
         seed=args.seed,
         stop_on_eos=not args.no_stop,
-        result_sink=sink,
-    ):
-        if streamer is not None:
-            streamer.push(ev.tokens)
-    if streamer is not None:
-        streamer.push([], final=True)
-        stream_to.write("\n")  # type: ignore[union-attr]
-    return sink[0]
+    )
+    for ev in run:
+        if stream_to is not None:
+            stream_to.write(decoder.push(ev.tokens))
+            stream_to.flush()
+    if stream_to is not None:
+        stream_to.write(decoder.flush() + "\n")
+        stream_to.flush()
+    assert run.result is not None
+    return run.result
 
 
 def stats_line(res: GenerationResult, label: str = "") -> str:
@@ -136,8 +127,9 @@ def run(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise ConfigError("the prompt is empty")
     draft_cfg, target_cfg = model_configs(args)
+    auto = None
     t0 = time.perf_counter()
-    draft, target = load_pair(draft_cfg if args.k > 0 else "none", target_cfg)
+    draft, target = load_pair(draft_cfg if args.k > 0 or auto else "none", target_cfg)
     t_load = time.perf_counter() - t0
     prompt_ids = encode_prompt(target, prompt, chat=args.chat)
     print(f"[specdec] loaded in {t_load:.1f} s; prompt {len(prompt_ids)} tokens", file=sys.stderr)
@@ -147,11 +139,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--compare needs a drafter (-k > 0 and a --draft)")
         # warm both paths up so one-time initialisation is not billed to either
         for k in (0, args.k):
-            _run_once(target, draft, prompt_ids, _short(args), k, None)
+            _run_once(target, draft, prompt_ids, _short(args), k, None, auto)
         plain = _run_once(target, draft, prompt_ids, args, 0, None)
         print(stats_line(plain, "plain"), file=sys.stderr)
-        spec = _run_once(target, draft, prompt_ids, args, None, None if args.json else sys.stdout)
-        print(stats_line(spec, f"K={args.k}"), file=sys.stderr)
+        spec = _run_once(
+            target, draft, prompt_ids, args, None, None if args.json else sys.stdout, auto
+        )
+        print(stats_line(spec, "auto" if auto else f"K={args.k}"), file=sys.stderr)
         # wall clock including prefill, per generated token (robust to different lengths)
         speedup = spec.e2e_tokens_per_second / plain.e2e_tokens_per_second
         same = spec.tokens == plain.tokens
@@ -181,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             )
         return 0
 
-    res = _run_once(target, draft, prompt_ids, args, None, None if args.json else sys.stdout)
+    res = _run_once(target, draft, prompt_ids, args, None, None if args.json else sys.stdout, auto)
     if args.json:
         out = res.to_dict()
         out["text"] = target.tokenizer.decode(res.tokens)

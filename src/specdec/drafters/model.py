@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.drafters.base import Draft
-from specdec.models.base import CausalLM
+from specdec.models.base import CausalLM, extend_last
 from specdec.sampling import SamplingConfig, logits_to_probs, sample
 from specdec.timing import Stopwatch
 
@@ -32,6 +32,11 @@ class ModelDrafter:
         self.name = name
         self._fed: list[int] = []  # tokens whose keys/values are in the draft cache
 
+    @property
+    def n_ctx(self) -> int:
+        """The draft model's context window (a generation must fit in it too)."""
+        return self.model.n_ctx
+
     def reset(self) -> None:
         """Start a new generation. Cached positions the model reports (``cached_tokens``) are
         kept so that a prompt sharing a prefix with the last one is not processed again."""
@@ -54,7 +59,7 @@ class ModelDrafter:
         todo = list(context[common:])
         if not todo:
             return None
-        logits = self.model.extend(todo, last_only=True)  # [1, V]
+        logits = extend_last(self.model, todo)  # [1, V]
         self._fed.extend(int(t) for t in todo)
         return logits[-1]
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast, runtime_checkable
 
 import torch
 
@@ -28,6 +29,11 @@ class CausalLM(Protocol):
     n_ctx           context window (max tokens the cache can hold)
     n_cached        tokens currently in the cache
     tokenizer       encode/decode (used for prompts and the shared-vocabulary check)
+
+    Optional capabilities, used when present and never required:
+    ``extend(tokens, *, last_only=True)`` returns only the last row (``extend_last`` falls
+    back to the full pass and slices), and ``cached_tokens`` lists the ids in the cache (lets
+    a new prompt reuse a shared prefix).
     """
 
     vocab_size: int
@@ -40,18 +46,39 @@ class CausalLM(Protocol):
     @property
     def n_cached(self) -> int: ...
 
-    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+    def extend(self, tokens: Sequence[int]) -> torch.Tensor:
         """Append tokens to the cache in ONE batched forward pass.
 
         Returns float32 CPU logits [len(tokens), V]; row i is the next-token logits after
-        tokens[i] (given everything cached before it). With last_only=True only the last row
-        is returned ([1, V]), which saves memory and time on long prefills.
+        tokens[i] (given everything cached before it).
         """
         ...
 
     def truncate(self, n_keep: int) -> None:
         """Drop cached positions >= n_keep (exact: no re-prefill, no approximation)."""
         ...
+
+
+def supports_last_only(model: CausalLM) -> bool:
+    """Whether the backend's ``extend`` takes the optional ``last_only`` keyword."""
+    fn = getattr(model.extend, "__func__", model.extend)
+    code = getattr(fn, "__code__", None)
+    if code is not None:  # a Python function: read its parameter names (cheap, per round)
+        return "last_only" in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    try:
+        return "last_only" in inspect.signature(model.extend).parameters
+    except (TypeError, ValueError):  # a builtin or C extension without a signature
+        return False
+
+
+def extend_last(model: CausalLM, tokens: Sequence[int]) -> torch.Tensor:
+    """Extend the cache by ``tokens`` and return only the last logits row [1, V] (prefill and
+    draft catch-up need nothing else). Backends that can skip the other rows (``last_only``)
+    are asked to; the others run their ordinary pass and the last row is sliced off."""
+    if supports_last_only(model):
+        extend = cast(Callable[..., torch.Tensor], model.extend)
+        return extend(tokens, last_only=True)  # [1, V]
+    return model.extend(tokens)[-1:]  # [1, V]
 
 
 def cached_prefix_len(model: CausalLM, tokens: Sequence[int]) -> int:

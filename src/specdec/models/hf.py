@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from specdec.errors import ConfigError, ModelLoadError
+from specdec.hub.paths import default_cache_dir
 from specdec.models.base import check_extend_args, check_truncate_args
 
 
@@ -73,10 +74,6 @@ class HFTokenizer:
         return self.encode(str(text), add_special_tokens=False)
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec" / "models"))
-
-
 def _gguf_key(path: Path) -> str:
     st = path.stat()
     raw = f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()
@@ -84,14 +81,14 @@ def _gguf_key(path: Path) -> str:
 
 
 def converted_dir_for(gguf: Path) -> Path:
-    return _cache_root() / "hf-converted" / f"{gguf.stem}-{_gguf_key(gguf)}"
+    return default_cache_dir() / "hf-converted" / f"{gguf.stem}-{_gguf_key(gguf)}"
 
 
 def _load_from_gguf(gguf: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
     """Dequantize a GGUF through transformers once; later loads read the cached copy."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specdec.hub import check_gguf_header
+    from specdec.hub.gguf import check_gguf_header
 
     check_gguf_header(gguf)
     cached = converted_dir_for(gguf)

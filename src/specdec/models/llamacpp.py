@@ -81,7 +81,7 @@ class LlamaCppLM:
         n_batch: int = DEFAULT_N_BATCH,
         device: str = "auto",
     ) -> None:
-        from specdec.hub import check_gguf_header
+        from specdec.hub.gguf import check_gguf_header
 
         if n_ctx < 2:
             raise ConfigError(f"n_ctx must be >= 2, got {n_ctx}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.base import CausalLM
@@ -116,36 +115,3 @@ def load_model(cfg: ModelConfig) -> CausalLM:
 
 def _looks_like_hub_id(ref: str) -> bool:
     return ref.count("/") == 1 and not ref.startswith((".", "/", "~"))
-
-
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
-
-
-def load_pair(draft: ModelConfig | str | None, target: ModelConfig) -> tuple[Any, CausalLM]:
-    """(drafter-or-draft-model, target) ready for ``generate``.
-
-    draft: a ModelConfig for a draft model; "ngram" (or "ngram:MAX_N") for prompt lookup;
-    None (or "none") for plain decoding. Model pairs are checked to share one tokenizer.
-    """
-    from specdec.drafters.ngram import NgramDrafter
-    from specdec.models.base import check_same_vocabulary
-
-    if isinstance(draft, str):
-        if draft == "none":
-            draft = None
-        elif draft.startswith("ngram"):
-            _, _, n = draft.partition(":")
-            try:
-                max_n = int(n) if n else 3
-            except ValueError as e:
-                raise ConfigError(f"bad n-gram drafter {draft!r}: use ngram or ngram:MAX_N") from e
-            return NgramDrafter(max_n=max_n), load_model(target)
-        else:
-            raise ConfigError(f"unknown drafter {draft!r}: use a model, 'ngram' or 'none'")
-    target_lm = load_model(target)
-    if draft is None:
-        return None, target_lm
-    draft_lm = load_model(draft)
-    check_same_vocabulary(draft_lm, target_lm)
-    return draft_lm, target_lm

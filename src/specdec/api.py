@@ -1,0 +1,208 @@
+"""The small public API: load a draft/target pair, generate text or stream it.
+
+    import specdec
+    pair = specdec.load()                                  # the default pair
+    print(pair.generate("def fib(n):", max_new_tokens=16))  # text (the stats ride along)
+    for piece in pair.stream("Explain RAII", chat=True, temperature=0.7, seed=1):
+        print(piece, end="", flush=True)
+
+Everything here is a thin layer over ``specdec.pairs`` (loading) and ``specdec.decoding``
+(the loop); the lower layers stay available for token-level work.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
+
+from specdec.decoding import Generation, GenerationResult, generate_stream
+from specdec.detokenize import IncrementalDecoder
+from specdec.drafters.base import Drafter
+from specdec.errors import ConfigError
+from specdec.models.base import CausalLM
+from specdec.models.loader import ModelConfig
+from specdec.pairs import (
+    DEFAULT_DRAFT,
+    DEFAULT_DRAFT_BACKEND,
+    DEFAULT_TARGET,
+    DEFAULT_TARGET_BACKEND,
+    is_model_free,
+    load_pair,
+)
+from specdec.policy import AdaptiveK, FixedK, KPolicy
+from specdec.prompting import encode_prompt
+from specdec.sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    from specdec.profiler.auto import AutoChoice
+
+
+@dataclass
+class Completion:
+    """What ``Pair.generate`` returns: the text, and the full ``GenerationResult`` (token ids,
+    rounds, acceptance by position, time split) as ``result``. ``str(c)`` is the text."""
+
+    text: str
+    result: GenerationResult
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.result.tokens
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The result as a JSON-ready dict (``GenerationResult.to_dict``)."""
+        return self.result.to_dict()
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class TextStream:
+    """Iterate for text pieces as rounds are accepted; ``completion`` is set at the end
+    (``run()`` drains the stream and returns it)."""
+
+    def __init__(self, generation: Generation, decoder: IncrementalDecoder) -> None:
+        self.generation = generation
+        self._decoder = decoder
+        self.completion: Completion | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        for event in self.generation:
+            piece = self._decoder.push(event.tokens)
+            if piece:
+                yield piece
+        tail = self._decoder.flush()
+        if tail:
+            yield tail
+        assert self.generation.result is not None
+        self.completion = Completion(self._decoder.text, self.generation.result)
+
+    def run(self) -> Completion:
+        for _ in self:
+            pass
+        assert self.completion is not None
+        return self.completion
+
+
+_P = ParamSpec("_P")
+
+
+class Pair:
+    """A loaded target and its drafter (or none), ready to generate. ``auto`` is the
+    profile's choice when the pair was loaded with ``load(auto=True)``."""
+
+    def __init__(
+        self, target: CausalLM, draft: CausalLM | Drafter | None, auto: AutoChoice | None = None
+    ) -> None:
+        self.target = target
+        self.draft = draft
+        self.auto = auto
+
+    def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
+        """Prompt text -> token ids (through the target's chat template with chat=True)."""
+        return encode_prompt(self.target, prompt, chat=chat)
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_new_tokens: int = 128,
+        k: int | None = None,
+        adaptive: bool = False,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        chat: bool = False,
+        stop_on_eos: bool = True,
+    ) -> TextStream:
+        """Start a generation; iterate the returned ``TextStream`` for text pieces.
+
+        prompt:         text, or token ids (used as they are).
+        max_new_tokens: the most tokens to generate (>= 1).
+        k:              drafts per round (0 = plain decoding; the maximum with adaptive);
+                        None: the profile's adaptive choice for an auto pair, else 6.
+        adaptive:       choose K each round from the measured acceptance and costs.
+        temperature:    0 = greedy (the target's own argmax output); > 0 samples.
+        top_k, top_p:   truncation (0 and 1 disable), applied to draft and target alike.
+        seed:           fixes the sampled output (same seed, same output).
+        chat:           apply the target's chat template to a text prompt (one user turn).
+        stop_on_eos:    stop at the end-of-sequence token.
+        """
+        sampling = SamplingConfig(temperature, top_k, top_p)
+        if k is not None and k < 0:
+            raise ConfigError(f"k must be >= 0, got {k}")
+        ids = (
+            self.encode(prompt, chat=chat) if isinstance(prompt, str) else [int(t) for t in prompt]
+        )
+        policy: KPolicy
+        if k is None and self.auto is not None:
+            policy = self.auto.policy()
+        else:
+            k = 6 if k is None else k
+            policy = AdaptiveK(k_max=k) if adaptive and k > 0 else FixedK(k)
+        plain = isinstance(policy, FixedK) and policy.k == 0  # no draft prefill either
+        generation = generate_stream(
+            self.target,
+            None if plain else self.draft,
+            ids,
+            max_new_tokens=max_new_tokens,
+            k=policy,
+            sampling=sampling,
+            seed=seed,
+            stop_on_eos=stop_on_eos,
+        )
+        return TextStream(generation, IncrementalDecoder(self.target.tokenizer))
+
+    def _drained(  # type: ignore[misc]
+        stream: Callable[Concatenate[Pair, _P], TextStream],
+    ) -> Callable[Concatenate[Pair, _P], Completion]:
+        def generate(self: Pair, *args: _P.args, **kwargs: _P.kwargs) -> Completion:
+            return stream(self, *args, **kwargs).run()
+
+        generate.__doc__ = (
+            "Generate to the end and return a ``Completion`` (text + stats); the arguments "
+            "are those of ``stream``:\n\n" + (stream.__doc__ or "")
+        )
+        generate.__signature__ = inspect.signature(stream).replace(  # type: ignore[attr-defined]
+            return_annotation="Completion"
+        )
+        return generate
+
+    generate = _drained(stream)
+    del _drained
+
+
+def load(
+    target: str = DEFAULT_TARGET,
+    draft: str | None = DEFAULT_DRAFT,
+    *,
+    target_backend: str = DEFAULT_TARGET_BACKEND,
+    draft_backend: str = DEFAULT_DRAFT_BACKEND,
+    device: str = "auto",
+    dtype: str = "auto",
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+) -> Pair:
+    """Load a target and a draft (models come from the verified store, a local GGUF file or a
+    transformers directory) and check that they share one tokenizer.
+
+    target:          store name (``specdec models list``), GGUF file or model directory.
+    draft:           the same kinds, or "ngram[:MAX_N]" (prompt lookup), or None / "none".
+    target_backend, draft_backend: "llamacpp", "hf" (transformers), "mock" or "auto".
+    device:          "auto" (cuda > mps > cpu), "cpu", "cuda" or "mps".
+    dtype:           transformers dtype: "auto", "float32", "bfloat16" or "float16".
+    n_ctx:           context window to allocate (prompt + output must fit).
+    n_threads:       CPU threads (None: all cores).
+    """
+
+    def config(model: str, backend: str) -> ModelConfig:
+        return ModelConfig(model, backend, device, dtype, n_ctx, n_threads)
+
+    model_free = draft is None or is_model_free(draft)
+    draft_ref = draft if model_free else config(str(draft), draft_backend)
+    draft_obj, target_lm = load_pair(draft_ref, config(target, target_backend))
+    return Pair(target_lm, draft_obj)
