@@ -186,6 +186,7 @@ def load(
     dtype: str = "auto",
     n_ctx: int = 4096,
     n_threads: int | None = None,
+    auto: bool = False,
 ) -> Pair:
     """Load a target and a draft (models come from the verified store, a local GGUF file or a
     transformers directory) and check that they share one tokenizer.
@@ -197,7 +198,13 @@ def load(
     dtype:           transformers dtype: "auto", "float32", "bfloat16" or "float16".
     n_ctx:           context window to allocate (prompt + output must fit).
     n_threads:       CPU threads (None: all cores).
+    auto:            run what ``specdec profile`` recommends on this machine (profiled once,
+                     then cached): the target's backend, the drafter or plain decoding, and K
+                     adapted per round (reproducible). Left at their defaults, ``draft`` and
+                     ``target_backend`` let the profile choose; other values narrow it.
     """
+    if auto:
+        return _load_auto(target, draft, target_backend, draft_backend, n_ctx, n_threads)
 
     def config(model: str, backend: str) -> ModelConfig:
         return ModelConfig(model, backend, device, dtype, n_ctx, n_threads)
@@ -206,3 +213,35 @@ def load(
     draft_ref = draft if model_free else config(str(draft), draft_backend)
     draft_obj, target_lm = load_pair(draft_ref, config(target, target_backend))
     return Pair(target_lm, draft_obj)
+
+
+def _load_auto(
+    target: str,
+    draft: str | None,
+    target_backend: str,
+    draft_backend: str,
+    n_ctx: int,
+    n_threads: int | None,
+) -> Pair:
+    from specdec.bench.prompts import select_prompts
+    from specdec.profiler.auto import choose
+    from specdec.profiler.run import ProfileSpec, run_profile
+
+    narrow: dict[str, Any] = {"draft_backend": draft_backend}
+    if target_backend != DEFAULT_TARGET_BACKEND:
+        narrow["target_backends"] = (target_backend,)
+    if draft != DEFAULT_DRAFT:
+        narrow["drafts"] = (draft or "none",)
+    spec = ProfileSpec(target=target, n_ctx=n_ctx, n_threads=n_threads, **narrow)
+    result = run_profile(spec, [p.text for p in select_prompts(None, per_category=1)])
+    choice = choose(result, None, spec.n_new)
+    draft_ref = choice.draft_ref if choice.speculative else "none"
+    pair = load(
+        target,
+        draft_ref,
+        target_backend=choice.target_backend,
+        draft_backend=draft_backend,
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+    )
+    return Pair(pair.target, pair.draft, choice)

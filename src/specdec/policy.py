@@ -3,11 +3,12 @@ how many drafts they accepted (falling back to plain decoding when speculation l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from specdec.errors import ConfigError
-from specdec.theory import expected_tokens_per_round
+from specdec.theory import Costs, expected_tokens_per_round
 
 
 @dataclass(frozen=True)
@@ -131,3 +132,61 @@ class AdaptiveK:
         n = obs.k + 1
         self.t_verify[n] = _ew(self.t_verify.get(n), obs.t_verify, d)
         self.t_other = _ew(self.t_other, max(0.0, obs.t_round - obs.t_draft - obs.t_verify), d)
+
+
+@dataclass
+class ProfileK:
+    """Reproducible adaptive K: each round picks the K in 0..k_max that maximises expected
+    tokens per second, with the costs taken from a measured profile (``theory.Costs``, e.g.
+    cached by ``specdec profile``) and the acceptance by draft position learned from this
+    generation's rounds. Nothing depends on live timings, so a fixed seed gives a fixed output
+    and a fixed K trace. K = 0 (plain decoding) wins whenever speculation is expected to lose;
+    every ``probe_every`` rounds a neighbouring K (K = 1 after plain rounds) is tried so the
+    acceptance estimate stays current.
+
+    prior_accept: the acceptance by position before any round (one value, or one per
+    position, e.g. from the profile's probe).
+    """
+
+    costs: Costs
+    k_max: int
+    decay: float = 0.9
+    prior_accept: float | Sequence[float] = 0.7
+    probe_every: int = 16
+    accept: list[float] = field(default_factory=list)
+    rounds: int = 0
+    trace: list[int] = field(default_factory=list)  # the K chosen each round
+
+    def __post_init__(self) -> None:
+        if self.k_max < 0:
+            raise ConfigError(f"K must be >= 0, got {self.k_max}")
+        if not 0.0 < self.decay < 1.0:
+            raise ConfigError(f"decay must be in (0, 1), got {self.decay}")
+        if self.probe_every < 1:
+            raise ConfigError(f"probe_every must be >= 1, got {self.probe_every}")
+        if not self.accept:
+            prior = self.prior_accept
+            if isinstance(prior, int | float):
+                self.accept = [float(prior)] * self.k_max
+            else:
+                values = [float(a) for a in prior] or [0.7]
+                self.accept = [values[min(i, len(values) - 1)] for i in range(self.k_max)]
+
+    def expected_rate(self, k: int) -> float:
+        return expected_tokens_per_round(self.accept, k) / self.costs.round_seconds(k)
+
+    def next_k(self) -> int:
+        if self.k_max == 0:
+            choice = 0
+        else:
+            rates = [self.expected_rate(k) for k in range(self.k_max + 1)]
+            choice = max(range(self.k_max + 1), key=lambda k: (rates[k], -k))
+            if self.rounds and self.rounds % self.probe_every == 0:
+                choice = 1 if choice == 0 else min(self.k_max, choice + 1)
+        self.trace.append(choice)
+        return choice
+
+    def observe(self, obs: RoundObservation) -> None:
+        self.rounds += 1
+        for i in range(min(obs.k, obs.n_accepted + 1)):
+            self.accept[i] = _ew(self.accept[i], 1.0 if i < obs.n_accepted else 0.0, self.decay)

@@ -3,11 +3,14 @@
 Units: one plain target step costs 1. A round drafting K tokens costs K * c (c = draft step
 time / target step time) plus verify(K + 1), the cost of one target pass over K + 1 tokens
 relative to one token (1 for perfectly batch-parallel verification, K + 1 for serial).
+``Costs`` holds the same quantities in seconds, as measured on a machine (``specdec profile``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 def expected_tokens_per_round(accept: Sequence[float], k: int) -> float:
@@ -54,3 +57,37 @@ def best_k(
         if val > best_val + 1e-9:
             best, best_val = k, val
     return best
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured costs of one target backend with one drafter (seconds)."""
+
+    verify_s: tuple[float, ...]  # verify_s[n-1]: one target pass over n tokens
+    prefill_tps: float  # target prefill throughput, tokens / s
+    draft_token_s: float = 0.0  # per drafted token (model drafts)
+    draft_round_s: float = 0.0  # per round with a draft (model-free lookup, sync)
+    draft_prefill_tps: float = math.inf  # a model draft's own prefill throughput
+    row_s: float = 0.0  # loop overhead per verified row
+    round_s: float = 0.0  # loop overhead per round (bookkeeping outside model and rows)
+
+    def verify(self, n: int) -> float:
+        """Seconds of one pass over n tokens; linear extrapolation past the measured curve."""
+        assert n >= 1
+        v = self.verify_s
+        if n <= len(v):
+            return v[n - 1]
+        slope = (v[-1] - v[-2]) if len(v) >= 2 else v[-1]
+        return v[-1] + max(slope, 0.0) * (n - len(v))
+
+    @property
+    def step_s(self) -> float:
+        """One plain decode step."""
+        return self.verify_s[0] + self.row_s + self.round_s
+
+    def round_seconds(self, drafted: int) -> float:
+        """Expected seconds of a round that verifies ``drafted`` drafts (0: a plain step)."""
+        seconds = self.verify(drafted + 1) + (drafted + 1) * self.row_s + self.round_s
+        if drafted > 0:
+            seconds += drafted * self.draft_token_s + self.draft_round_s
+        return seconds

@@ -27,6 +27,10 @@ COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
             "measure speedup, acceptance and costs of speculative decoding",
         ),
         "report": ("specdec.cli.report", "write a markdown report with plots from bench results"),
+        "profile": (
+            "specdec.cli.profile",
+            "measure this machine, predict every configuration, recommend one",
+        ),
         "certify": (
             "specdec.cli.certify",
             "certify that speculative decoding is lossless (3 levels + batch-invariance probe)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -20,7 +21,7 @@ from specdec.decoding import GenerationResult, generate_stream
 from specdec.detokenize import IncrementalDecoder
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
-from specdec.pairs import load_pair
+from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET_BACKEND, is_model_free, load_pair
 from specdec.policy import AdaptiveK, FixedK, KPolicy
 from specdec.prompting import encode_prompt
 
@@ -38,6 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--adaptive",
         action="store_true",
         help="adapt K each round from the measured acceptance (K is the maximum)",
+    )
+    p.add_argument(
+        "--auto",
+        action="store_true",
+        help="run what `specdec profile` recommends for this machine (profiled once, cached): "
+        "the target's backend, the drafter or plain decoding, and K adapted from the "
+        "profile's costs and the rounds' acceptance (reproducible with --seed)",
     )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--chat", action="store_true", help="apply the target's chat template")
@@ -128,6 +136,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("the prompt is empty")
     draft_cfg, target_cfg = model_configs(args)
     auto = None
+    if args.auto:
+        auto = _auto_choice(args, prompt)
+        print(f"[specdec] auto: {auto.label}: {auto.reason}", file=sys.stderr)
+        target_cfg = dataclasses.replace(target_cfg, backend=auto.target_backend)
+        draft_cfg = (
+            auto.draft_ref
+            if is_model_free(auto.draft_ref)
+            else dataclasses.replace(target_cfg, model=auto.draft_ref, backend=args.draft_backend)
+        )
+        if not auto.speculative:
+            draft_cfg = "none"
     t0 = time.perf_counter()
     draft, target = load_pair(draft_cfg if args.k > 0 or auto else "none", target_cfg)
     t_load = time.perf_counter() - t0
@@ -184,6 +203,26 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(stats_line(res), file=sys.stderr)
     return 0
+
+
+def _auto_choice(args: argparse.Namespace, prompt: str) -> Any:
+    """The profile's choice for this request (profiling first when nothing is cached)."""
+    from specdec.bench.prompts import select_prompts
+    from specdec.profiler.auto import choose
+    from specdec.profiler.run import ProfileSpec, run_profile
+
+    # left at their defaults, --draft and --target-backend let the profile choose; set to
+    # something else, they narrow what it considers
+    narrow: dict[str, Any] = {"draft_backend": args.draft_backend}
+    if args.target_backend != DEFAULT_TARGET_BACKEND:
+        narrow["target_backends"] = (args.target_backend,)
+    if args.draft != DEFAULT_DRAFT:
+        narrow["drafts"] = (args.draft,)
+    spec = ProfileSpec(target=args.target, n_ctx=args.n_ctx, n_threads=args.threads, **narrow)
+    prompts = [p.text for p in select_prompts(None, per_category=1)]
+    result = run_profile(spec, prompts, log=lambda m: print(f"[specdec] {m}", file=sys.stderr))
+    # about 4 characters per token for English and code (only used to spot long prompts)
+    return choose(result, len(prompt) // 4, args.max_new_tokens)
 
 
 def _short(args: argparse.Namespace) -> argparse.Namespace:

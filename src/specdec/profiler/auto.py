@@ -1,0 +1,66 @@
+"""``--auto``: turn a profile into the configuration to run for one request.
+
+The profile's recommendation is the fastest *measured* configuration at the probe's size.
+For a request whose prompt is much longer than the probe's, the prediction is re-ranked for
+the request's size (prefill time then weighs more: a draft model's own prefill can cost more
+than its decoding wins back). K adapts inside the generation with ``ProfileK``: the profile's
+costs and the probe's acceptance as the prior, updated from the rounds' acceptance counts
+only, so a fixed seed gives a fixed output and K trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.policy import FixedK, KPolicy, ProfileK
+from specdec.profiler.decide import Candidate
+from specdec.profiler.run import ProfileResult
+from specdec.theory import Costs
+
+# re-rank by prediction when the request's prompt is this many times the probe's mean
+LONG_PROMPT_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What ``--auto`` runs."""
+
+    target_backend: str
+    draft_ref: str  # "none" for plain decoding
+    k: int  # the best fixed K of the profile (the cap of the adaptive policy is 2K, <= 16)
+    costs: Costs
+    prior: tuple[float, ...]  # acceptance by position from the probe
+    label: str
+    reason: str
+
+    @property
+    def speculative(self) -> bool:
+        return self.draft_ref != "none" and self.k > 0
+
+    def policy(self) -> KPolicy:
+        """A fresh K policy for one generation."""
+        if not self.speculative:
+            return FixedK(0)
+        return ProfileK(self.costs, k_max=min(16, 2 * self.k), prior_accept=self.prior)
+
+
+def choose(result: ProfileResult, prompt_tokens: int | None, new_tokens: int) -> AutoChoice:
+    """The configuration for a request (prompt_tokens None: the probe's size)."""
+    rec = result.recommendation
+    cand = Candidate(**rec["candidate"])
+    k, reason = int(rec["k"]), str(rec["reason"])
+    probe_mean = sum(result.prompt_tokens) / max(len(result.prompt_tokens), 1)
+    if prompt_tokens is not None and prompt_tokens > LONG_PROMPT_FACTOR * probe_mean:
+        ranked = result.rank_for(prompt_tokens, new_tokens)
+        cand, k = ranked.best.candidate, ranked.best.k
+        reason = f"long prompt ({prompt_tokens} tokens): " + ranked.reason
+    ref = result.draft_refs.get(cand.drafter, cand.drafter)
+    return AutoChoice(
+        target_backend=cand.target_backend,
+        draft_ref=ref,
+        k=k,
+        costs=result.costs_for(cand),
+        prior=tuple(result.probe_accept.get(cand.drafter, [])),
+        label=cand.label,
+        reason=reason,
+    )

@@ -1,0 +1,160 @@
+"""Measure what ``profiler.predict`` needs, on the real models: cost curves and greedy
+acceptance probes. Every function leaves the models' caches empty."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from specdec.bench.profile import drafter_latency, profile_context, step_latency, verify_times
+from specdec.decoding import generate
+from specdec.drafters.base import Drafter
+from specdec.models.base import CausalLM, extend_last
+from specdec.profiler.predict import Costs, ProbeSequence, runs_from_matches
+from specdec.rejection import accept_reject
+from specdec.sampling import GREEDY, logits_to_probs, make_generator
+from specdec.timing import Stopwatch
+
+PREFILL_TOKENS = 256  # the prefill-throughput pass (long enough to be compute-bound)
+
+
+def _reset(model: CausalLM) -> None:
+    if model.n_cached:
+        model.truncate(0)
+
+
+def prefill_throughput(model: CausalLM, repeats: int = 2, n_tokens: int = PREFILL_TOKENS) -> float:
+    """Tokens per second of a cold prefill of ``n_tokens`` (median of ``repeats``)."""
+    n = min(n_tokens, model.n_ctx - 1)
+    ids = profile_context(model, n)
+    samples = []
+    for _ in range(repeats + 1):  # the first pass warms up
+        _reset(model)
+        t0 = time.perf_counter()
+        extend_last(model, ids)
+        samples.append(time.perf_counter() - t0)
+    _reset(model)
+    return n / float(statistics.median(samples[1:]))
+
+
+def row_overhead(vocab_size: int, rows: int = 9, repeats: int = 5) -> float:
+    """Seconds per verified row spent by the loop outside the model: logits -> probabilities
+    and the accept/reject walk (greedy, the profile's mode), measured on random rows."""
+    gen = make_generator(0)
+    logits = torch.randn(rows, vocab_size, generator=gen)  # [n, V]
+    drafts = torch.zeros(rows - 1, dtype=torch.long)  # [K]
+    samples = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        p = logits_to_probs(logits, GREEDY)  # [n, V]
+        accept_reject(p, None, drafts, gen)
+        samples.append(time.perf_counter() - t0)
+    return float(statistics.median(samples[1:])) / rows
+
+
+def round_overhead(target: CausalLM, n_tokens: int = 16) -> float:
+    """Seconds per round that the loop spends outside the target pass and the row work
+    (bookkeeping, between rounds too), from a short plain run after a warm-up one; the row
+    work is measured separately (``row_overhead``)."""
+    ctx = profile_context(target, 64)
+    samples = []
+    for _ in range(2):
+        res = generate(target, None, ctx, max_new_tokens=n_tokens, k=0, reuse_prefix=False)
+        decode = res.t_total - res.t_prefill
+        inside = sum(r.t_verify + r.t_sampling for r in res.rounds)
+        samples.append(max(0.0, decode - inside) / max(len(res.rounds), 1))
+    _reset(target)
+    return samples[-1]
+
+
+def target_costs(
+    target: CausalLM, *, context_tokens: int = 100, n_max: int = 16, repeats: int = 3
+) -> Costs:
+    """The target side of the costs: verify curve, prefill throughput, loop overhead."""
+    ctx = profile_context(target, context_tokens)
+    times = verify_times(target, ctx, n_max, repeats)
+    return Costs(
+        verify_s=tuple(times),
+        prefill_tps=prefill_throughput(target),
+        row_s=row_overhead(target.vocab_size),
+        round_s=round_overhead(target),
+    )
+
+
+def with_model_draft(costs: Costs, draft: CausalLM, *, context_tokens: int = 100) -> Costs:
+    """Costs of the target with a draft model: its step (per drafted token) and prefill."""
+    ctx = profile_context(draft, context_tokens)
+    step = step_latency(draft, ctx, 5)
+    return Costs(
+        verify_s=costs.verify_s,
+        prefill_tps=costs.prefill_tps,
+        draft_token_s=step,
+        draft_prefill_tps=prefill_throughput(draft),
+        row_s=costs.row_s,
+        round_s=costs.round_s,
+    )
+
+
+def with_model_free_draft(
+    costs: Costs, drafter: Drafter, target: CausalLM, *, context_tokens: int = 100
+) -> Costs:
+    """Costs of the target with a model-free drafter: its per-round lookup."""
+    ctx = profile_context(target, context_tokens)
+    return Costs(
+        verify_s=costs.verify_s,
+        prefill_tps=costs.prefill_tps,
+        draft_round_s=drafter_latency(drafter, ctx, 5),
+        row_s=costs.row_s,
+        round_s=costs.round_s,
+    )
+
+
+def greedy_continuation(target: CausalLM, prompt_ids: Sequence[int], n_new: int) -> list[int]:
+    """The target's own greedy output (what greedy speculative decoding emits too)."""
+    res = generate(target, None, prompt_ids, max_new_tokens=n_new, k=0, reuse_prefix=False)
+    _reset(target)
+    return res.tokens
+
+
+def model_draft_probe(
+    draft: CausalLM, prompt_ids: Sequence[int], continuation: Sequence[int], k_cap: int
+) -> ProbeSequence:
+    """Teacher-force the draft on prompt + continuation in one pass and record, for every
+    position, how many consecutive draft argmaxes agree with the target's tokens."""
+    prompt = [int(t) for t in prompt_ids]
+    cont = [int(t) for t in continuation]
+    _reset(draft)
+    if len(prompt) > 1:
+        extend_last(draft, prompt[:-1])
+    rows = draft.extend([prompt[-1], *cont[:-1]])  # [N, V]: row j predicts cont[j]
+    _reset(draft)
+    matches = (rows.argmax(dim=-1) == torch.tensor(cont)).tolist()
+    return ProbeSequence(len(prompt), len(cont), run=runs_from_matches(matches, k_cap))
+
+
+def model_free_probe(
+    drafter: Drafter, prompt_ids: Sequence[int], continuation: Sequence[int], k_cap: int
+) -> ProbeSequence:
+    """Ask the drafter at every position what it would propose (up to k_cap tokens) and how
+    much of it matches the target's continuation."""
+    prompt = [int(t) for t in prompt_ids]
+    cont = [int(t) for t in continuation]
+    gen, sw = make_generator(0), Stopwatch()
+    drafter.reset()
+    drafter.prefill(prompt[:-1])
+    proposals: list[tuple[int, int]] = []
+    for t in range(len(cont)):
+        ctx = prompt + cont[:t]
+        drafter.rollback(ctx)
+        toks = drafter.propose(ctx, k_cap, GREEDY, gen, sw).tokens
+        matched = 0
+        for a, b in zip(toks, cont[t:], strict=False):
+            if a != b:
+                break
+            matched += 1
+        proposals.append((len(toks), matched))
+    drafter.reset()
+    return ProbeSequence(len(prompt), len(cont), proposals=tuple(proposals))

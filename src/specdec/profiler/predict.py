@@ -1,0 +1,156 @@
+"""Predict what a configuration will do, from measured costs and a greedy acceptance probe
+(pure functions: no model is run here).
+
+Costs (seconds, measured on this machine by ``profiler.measure``):
+    verify_s[n-1]   one target pass over n new tokens (n = 1 is a plain decode step)
+    prefill_tps     the target's prefill throughput (tokens / s)
+    draft_token_s   a model draft's cost per drafted token (0 for model-free drafters)
+    draft_round_s   a drafter's fixed cost per round (lookup, bookkeeping)
+    row_s           the loop's per-row cost (logits -> probabilities, the verifier)
+
+The probe: greedy speculative decoding emits exactly the target's greedy output, so a round
+that starts at position t keeps the longest prefix of the drafter's proposal that equals the
+target's own tokens from t. ``ProbeSequence`` holds, for one prompt, the target's greedy
+continuation and, for every position t, what the drafter would propose there. For a greedy
+model draft that is one number per position: the run of consecutive positions from t where
+the draft's argmax (teacher-forced on the target's text) equals the target's token, because a
+draft that agrees keeps seeing exactly the target's context. For a model-free drafter the
+proposal is computed directly. Simulating the rounds on that sequence for a given K gives the
+exact rounds a greedy run would have (up to batch-shape numerics), including drafts shorter
+than K, so the prediction needs no constant-acceptance assumption.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specdec.theory import Costs
+
+
+@dataclass(frozen=True)
+class ProbeSequence:
+    """One prompt's greedy probe.
+
+    prompt_tokens: prompt length.
+    n_tokens:      length of the target's greedy continuation that was probed.
+    run:           for model drafts, run[t] = consecutive agreeing positions from t (draft
+                   argmax == target token), capped at the probe's K max; None for model-free.
+    proposals:     for model-free drafters, proposals[t] = (drafted, matched) for the K max of
+                   the probe: how many tokens the drafter proposes at t and how many of them
+                   match the target's continuation. With a smaller K the drafter proposes
+                   min(drafted, K) and keeps min(matched, K) (a prefix of the same lookup).
+    """
+
+    prompt_tokens: int
+    n_tokens: int
+    run: tuple[int, ...] | None = None
+    proposals: tuple[tuple[int, int], ...] | None = None
+
+    def round_at(self, t: int, k: int) -> tuple[int, int]:
+        """(drafted, kept) for a round starting at continuation position t with K = k."""
+        if k <= 0:
+            return 0, 0
+        if self.run is not None:
+            return k, min(self.run[t], k)
+        assert self.proposals is not None
+        drafted, matched = self.proposals[t]
+        return min(drafted, k), min(matched, k)
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """The rounds a greedy run would make on a probe sequence."""
+
+    drafted: tuple[int, ...]  # per round
+    kept: tuple[int, ...]  # per round
+
+    @property
+    def tokens(self) -> int:
+        return sum(k + 1 for k in self.kept)
+
+
+def simulate(seq: ProbeSequence, k: int, n_tokens: int | None = None) -> RoundPlan:
+    """The rounds of a greedy run with K = k over the probe's continuation (the last round is
+    cut at the end, as ``max_new_tokens`` cuts it)."""
+    total = seq.n_tokens if n_tokens is None else min(n_tokens, seq.n_tokens)
+    t = 0
+    drafted: list[int] = []
+    kept: list[int] = []
+    while t < total:
+        remaining = total - t
+        d, a = seq.round_at(t, min(k, remaining - 1))
+        drafted.append(d)
+        kept.append(a)
+        t += a + 1
+    return RoundPlan(tuple(drafted), tuple(kept))
+
+
+def plan_seconds(plan: RoundPlan, costs: Costs) -> float:
+    """Decode seconds of a round plan (no prefill)."""
+    return sum(costs.round_seconds(d) for d in plan.drafted)
+
+
+@dataclass
+class Prediction:
+    """Predicted speed of one (configuration, K) over the probe sequences."""
+
+    config: str
+    k: int
+    decode_s: float  # predicted decode seconds over all probe sequences
+    prefill_s: float  # predicted prefill seconds (target, plus a model draft's own)
+    tokens: int  # generated tokens over the probe sequences
+    prompt_tokens: int  # prompt tokens over the probe sequences
+    mean_drafted: float  # drafted tokens per round
+    mean_kept: float  # kept drafts per round
+    rounds: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def decode_tps(self) -> float:
+        return self.tokens / self.decode_s if self.decode_s > 0 else math.inf
+
+    @property
+    def e2e_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+
+def predict(
+    config: str, costs: Costs, seqs: Sequence[ProbeSequence], k: int, *, model_draft: bool
+) -> Prediction:
+    """Predicted decode and prefill time of ``config`` with K = k over the probe sequences."""
+    decode = prefill = 0.0
+    tokens = rounds = drafted = kept = prompt = 0
+    for seq in seqs:
+        prompt += seq.prompt_tokens
+        plan = simulate(seq, k)
+        decode += plan_seconds(plan, costs)
+        prefill += seq.prompt_tokens / costs.prefill_tps
+        if model_draft and k > 0:
+            prefill += seq.prompt_tokens / costs.draft_prefill_tps
+        tokens += plan.tokens
+        rounds += len(plan.kept)
+        drafted += sum(plan.drafted)
+        kept += sum(plan.kept)
+    return Prediction(
+        config=config,
+        k=k,
+        decode_s=decode,
+        prefill_s=prefill,
+        tokens=tokens,
+        prompt_tokens=prompt,
+        mean_drafted=drafted / rounds if rounds else 0.0,
+        mean_kept=kept / rounds if rounds else 0.0,
+        rounds=rounds,
+    )
+
+
+def runs_from_matches(matches: Sequence[bool], cap: int) -> tuple[int, ...]:
+    """run[t] = consecutive True from t (capped): a greedy draft's kept length at t."""
+    run = [0] * len(matches)
+    nxt = 0
+    for t in range(len(matches) - 1, -1, -1):
+        nxt = min(nxt + 1, cap) if matches[t] else 0
+        run[t] = nxt
+    return tuple(run)

@@ -1,0 +1,362 @@
+"""``specdec profile``: measure every way to run the target here, predict, check, recommend.
+
+1. For each target backend: the verify curve, prefill throughput and loop overhead.
+2. The target's greedy continuation of each probe prompt (once, on the first backend).
+3. For each drafter: its costs (a draft model's step and prefill; a lookup's per-round cost)
+   and its greedy acceptance probe on those continuations.
+4. Predictions for plain decoding on each backend and for every drafter x backend x K.
+5. A ranking by predicted end-to-end time for the request size, with the fastest plain
+   decoder as the baseline, and short real runs of the top few to check the predictions;
+   the recommendation is the fastest *measured* of the checked configurations.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from specdec.decoding import generate
+from specdec.drafters.base import Drafter
+from specdec.errors import ConfigError
+from specdec.models.base import CausalLM, check_same_vocabulary
+from specdec.models.loader import ModelConfig, load_model
+from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET, is_model_free, parse_drafter, release
+from specdec.profiler import cache
+from specdec.profiler.decide import DEFAULT_MARGIN, Candidate, Recommendation, Scored, rank
+from specdec.profiler.measure import (
+    greedy_continuation,
+    model_draft_probe,
+    model_free_probe,
+    target_costs,
+    with_model_draft,
+    with_model_free_draft,
+)
+from specdec.profiler.predict import Prediction, ProbeSequence, predict
+from specdec.prompting import encode_prompt
+from specdec.theory import Costs
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """What to profile."""
+
+    target: str = DEFAULT_TARGET
+    target_backends: tuple[str, ...] = ("llamacpp", "hf")
+    drafts: tuple[str, ...] = (DEFAULT_DRAFT, "ngram")
+    draft_backend: str = "llamacpp"
+    n_new: int = 48  # tokens per probe continuation
+    k_model: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)
+    k_free: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
+    check_top: int = 3  # real runs of the top predicted configurations
+    chat: bool = True
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not self.target_backends:
+            raise ConfigError("profile needs at least one target backend")
+        if self.n_new < 2:
+            raise ConfigError(f"the probe needs at least 2 new tokens, got {self.n_new}")
+        if any(k < 1 for k in (*self.k_model, *self.k_free)):
+            raise ConfigError("profiled K values must be >= 1")
+
+    def settings(self) -> dict[str, Any]:
+        """Everything besides the models and prompts that the numbers depend on."""
+        d = asdict(self)
+        del d["target"], d["drafts"], d["check_top"]
+        return d
+
+    def model_config(self, model: str, backend: str) -> ModelConfig:
+        return ModelConfig(model, backend, self.device, self.dtype, self.n_ctx, self.n_threads)
+
+
+@dataclass
+class Check:
+    """A short real run of one configuration, against its prediction."""
+
+    config: str
+    k: int
+    predicted_tps: float
+    measured_tps: float
+    predicted_e2e_s: float
+    measured_e2e_s: float
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured decode speed."""
+        return self.predicted_tps / self.measured_tps - 1.0 if self.measured_tps > 0 else math.nan
+
+
+@dataclass
+class ProfileResult:
+    key: str
+    spec: dict[str, Any]
+    prompt_tokens: list[int]
+    costs: dict[str, dict[str, Any]]  # candidate label -> Costs fields
+    predictions: list[dict[str, Any]]
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    recommendation: dict[str, Any] = field(default_factory=dict)
+    probe_accept: dict[str, list[float]] = field(default_factory=dict)  # drafter -> by position
+    draft_refs: dict[str, str] = field(default_factory=dict)  # drafter name -> reference
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ProfileResult:
+        keys = ProfileResult.__dataclass_fields__
+        return ProfileResult(**{k: v for k, v in d.items() if k in keys})
+
+    def candidates(self) -> list[tuple[Candidate, Prediction]]:
+        out = []
+        for p in self.predictions:
+            cand = Candidate(**p["candidate"])
+            pred = Prediction(**{k: v for k, v in p["prediction"].items()})
+            out.append((cand, pred))
+        return out
+
+    def costs_for(self, cand: Candidate) -> Costs:
+        c = dict(self.costs[cand.label])
+        c["verify_s"] = tuple(c["verify_s"])
+        return Costs(**c)
+
+    def rank_for(self, prompt_tokens: int, new_tokens: int) -> Recommendation:
+        """The decision for one request size (prompt and output lengths)."""
+        per_backend = {
+            c.target_backend: self.costs_for(c) for c, _ in self.candidates() if c.drafter == "none"
+        }
+        return rank(
+            self.candidates(),
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            costs=per_backend,
+        )
+
+
+def _probe_accept(seqs: Sequence[ProbeSequence], k: int) -> list[float]:
+    """Acceptance by draft position (conditional, as the bench reports it) at K = k."""
+    from specdec.profiler.predict import simulate
+
+    reached, accepted = [0] * k, [0] * k
+    for seq in seqs:
+        plan = simulate(seq, k)
+        for d, a in zip(plan.drafted, plan.kept, strict=True):
+            for i in range(min(d, a + 1)):
+                reached[i] += 1
+                accepted[i] += int(i < a)
+    return [a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True)]
+
+
+def run_profile(
+    spec: ProfileSpec,
+    prompts: Sequence[str],
+    *,
+    refresh: bool = False,
+    log: Log = lambda _: None,
+    loader: Callable[[ModelConfig], CausalLM] = load_model,
+) -> ProfileResult:
+    """Profile (or read the cached profile of) every candidate configuration."""
+    if not prompts:
+        raise ConfigError("profile needs at least one probe prompt")
+    key = cache.profile_key(
+        target=spec.target, drafts=spec.drafts, settings=spec.settings(), prompts=list(prompts)
+    )
+    if not refresh:
+        hit = cache.load_cached(key)
+        if hit is not None:
+            log(f"profile: cached ({cache.profile_dir() / (key + '.json')})")
+            return ProfileResult.from_dict(hit)
+    t0 = time.perf_counter()
+    loaded: list[object] = []
+    try:
+        result = _measure(spec, prompts, key, log, loader, loaded)
+    finally:
+        release(*loaded)
+    result.seconds = time.perf_counter() - t0
+    path = cache.save(key, result.to_dict())
+    log(f"profile: measured in {result.seconds:.0f} s, saved to {path}")
+    return result
+
+
+def _measure(
+    spec: ProfileSpec,
+    prompts: Sequence[str],
+    key: str,
+    log: Log,
+    loader: Callable[[ModelConfig], CausalLM],
+    loaded: list[object],
+) -> ProfileResult:
+    targets: dict[str, CausalLM] = {}
+    costs: dict[str, Costs] = {}
+    for backend in spec.target_backends:
+        log(f"profile: loading the target on {backend}")
+        lm = loader(spec.model_config(spec.target, backend))
+        loaded.append(lm)
+        targets[backend] = lm
+        log(f"profile: measuring {backend} (verify curve, prefill, loop overhead)")
+        costs[backend] = target_costs(lm)
+    first = targets[spec.target_backends[0]]
+    ids = [encode_prompt(first, p, chat=spec.chat and _has_chat(first)) for p in prompts]
+    for i in ids:
+        if len(i) + spec.n_new + max((*spec.k_model, *spec.k_free)) + 1 > spec.n_ctx:
+            raise ConfigError(f"a probe prompt of {len(i)} tokens does not fit n_ctx {spec.n_ctx}")
+    log(f"profile: greedy continuations of {len(ids)} prompts")
+    conts = [greedy_continuation(first, p, spec.n_new) for p in ids]
+
+    entries: list[tuple[Candidate, Prediction]] = []
+    labels: dict[str, Costs] = {}
+    for backend, c in costs.items():
+        cand = Candidate(backend, "none", False)
+        plain = [
+            ProbeSequence(len(p), len(t), run=(0,) * len(t))
+            for p, t in zip(ids, conts, strict=True)
+        ]
+        entries.append((cand, predict(cand.label, c, plain, 0, model_draft=False)))
+        labels[cand.label] = c
+
+    drafters: dict[str, tuple[CausalLM | Drafter, bool]] = {}
+    refs: dict[str, str] = {"none": "none"}  # drafter name -> its reference
+    probe_accept: dict[str, list[float]] = {}
+    for ref in spec.drafts:
+        if ref == "none":
+            continue
+        model_draft = not is_model_free(ref)
+        if model_draft:
+            log(f"profile: loading draft {ref} on {spec.draft_backend}")
+            dm = loader(spec.model_config(ref, spec.draft_backend))
+            loaded.append(dm)
+            check_same_vocabulary(dm, first)
+            k_cap = max(spec.k_model)
+            seqs = [model_draft_probe(dm, p, t, k_cap) for p, t in zip(ids, conts, strict=True)]
+            ks = spec.k_model
+            name = _short(ref)
+            drafters[name] = (dm, True)
+        else:
+            drafter = parse_drafter(ref)
+            assert drafter is not None
+            k_cap = max(spec.k_free)
+            seqs = [model_free_probe(drafter, p, t, k_cap) for p, t in zip(ids, conts, strict=True)]
+            ks = spec.k_free
+            name = ref
+            drafters[name] = (drafter, False)
+        refs[name] = ref
+        probe_accept[name] = _probe_accept(seqs, max(ks))
+        for backend, c in costs.items():
+            obj = drafters[name][0]
+            dc = (
+                with_model_draft(c, obj)  # type: ignore[arg-type]
+                if model_draft
+                else with_model_free_draft(c, obj, targets[backend])  # type: ignore[arg-type]
+            )
+            cand = Candidate(backend, name, model_draft)
+            labels[cand.label] = dc
+            for k in ks:
+                entries.append((cand, predict(cand.label, dc, seqs, k, model_draft=model_draft)))
+
+    result = ProfileResult(
+        key=key,
+        spec=asdict(spec),
+        prompt_tokens=[len(i) for i in ids],
+        costs={label: asdict(c) for label, c in labels.items()},
+        predictions=[{"candidate": asdict(c), "prediction": asdict(p)} for c, p in entries],
+        probe_accept=probe_accept,
+    )
+    mean_prompt = round(sum(len(i) for i in ids) / len(ids))
+    rec = result.rank_for(mean_prompt, spec.n_new)
+    log("profile: checking the top predictions with real runs")
+    checks = _check(rec, spec.check_top, targets, drafters, ids, spec.n_new)
+    result.checks = [asdict(ch) | {"error": ch.error} for ch in checks]
+    result.recommendation = _recommend(rec, checks)
+    result.recommendation["draft_ref"] = refs[result.recommendation["candidate"]["drafter"]]
+    result.draft_refs = refs
+    return result
+
+
+def _short(ref: str) -> str:
+    return ref.rsplit("/", 1)[-1].removesuffix(".gguf")
+
+
+def _has_chat(model: CausalLM) -> bool:
+    return getattr(model.tokenizer, "apply_chat", None) is not None and bool(
+        getattr(model.tokenizer, "chat_template", True)
+    )
+
+
+def _check(
+    rec: Recommendation,
+    top: int,
+    targets: dict[str, CausalLM],
+    drafters: dict[str, tuple[CausalLM | Drafter, bool]],
+    ids: Sequence[Sequence[int]],
+    n_new: int,
+) -> list[Check]:
+    chosen: list[Scored] = [rec.plain]
+    for s in rec.ranked:
+        if len(chosen) > top:
+            break
+        if s is not rec.plain:
+            chosen.append(s)
+    checks = []
+    for s in chosen:
+        target = targets[s.candidate.target_backend]
+        draft = None if s.candidate.drafter == "none" else drafters[s.candidate.drafter][0]
+        generate(target, draft, ids[0], max_new_tokens=4, k=s.k, reuse_prefix=False)  # warm
+        tokens = 0
+        decode = e2e = 0.0
+        for p in ids:
+            res = generate(target, draft, p, max_new_tokens=n_new, k=s.k, reuse_prefix=False)
+            tokens += len(res.tokens)
+            decode += res.t_total - res.t_prefill
+            e2e += res.t_total
+        pred = s.prediction
+        checks.append(
+            Check(
+                config=s.candidate.label,
+                k=s.k,
+                predicted_tps=pred.decode_tps,
+                measured_tps=tokens / decode if decode > 0 else math.nan,
+                predicted_e2e_s=pred.e2e_s,
+                measured_e2e_s=e2e,
+            )
+        )
+    return checks
+
+
+def _recommend(rec: Recommendation, checks: Sequence[Check]) -> dict[str, Any]:
+    """The fastest measured of the checked configurations (the plain decoder unless a
+    speculative one measured ``DEFAULT_MARGIN`` faster end to end), with the reason."""
+    by_label = {(c.config, c.k): c for c in checks}
+    plain_check = by_label.get((rec.plain.candidate.label, rec.plain.k))
+    best: Scored = rec.plain
+    best_e2e = plain_check.measured_e2e_s if plain_check else math.inf
+    for s in rec.ranked:
+        ch = by_label.get((s.candidate.label, s.k))
+        if ch is None or s is rec.plain:
+            continue
+        if (
+            ch.measured_e2e_s * DEFAULT_MARGIN
+            <= (plain_check.measured_e2e_s if plain_check else math.inf)
+            and ch.measured_e2e_s < best_e2e
+        ):
+            best, best_e2e = s, ch.measured_e2e_s
+    reason = rec.reason
+    if best is not rec.best:
+        reason = (
+            f"measured: {best.candidate.label} (K={best.k}) was fastest of the checked "
+            f"configurations, against the prediction ({rec.best.candidate.label}). " + reason
+        )
+    return {
+        "candidate": asdict(best.candidate),
+        "label": best.candidate.label,
+        "k": best.k,
+        "predicted_speedup": best.speedup_vs_plain,
+        "reason": reason,
+    }

@@ -1,0 +1,261 @@
+"""`specdec profile` and the reproducible adaptive K: the decision rule on synthetic profiles
+(each verdict has a fixture that flips it), the round simulation, the cache key, and the
+output distribution under ProfileK."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from specdec.cli import main
+from specdec.decoding import generate
+from specdec.models.mock import mock_pair
+from specdec.policy import ProfileK
+from specdec.profiler import cache
+from specdec.profiler.decide import Candidate, rank
+from specdec.profiler.predict import ProbeSequence, predict, runs_from_matches, simulate
+from specdec.profiler.run import ProfileSpec, run_profile
+from specdec.sampling import SamplingConfig
+from specdec.theory import Costs
+from test_decoding import exact_first_tokens
+
+STEP = 0.030  # a 30 ms target step
+
+
+def serial_costs(draft_token_s: float = 0.0, draft_round_s: float = 0.0) -> Costs:
+    """Verification about as serial as llama.cpp Q4 on 2 cores: n tokens cost ~0.9 n steps."""
+    return Costs(
+        verify_s=tuple(STEP * max(1.0, 0.9 * n) for n in range(1, 17)),
+        prefill_tps=100.0,
+        draft_token_s=draft_token_s,
+        draft_round_s=draft_round_s,
+    )
+
+
+def flat_costs(draft_token_s: float = 0.0, draft_round_s: float = 0.0) -> Costs:
+    """Batch-parallel verification: 16 tokens cost 1.3 steps."""
+    return Costs(
+        verify_s=tuple(STEP * (1 + 0.02 * (n - 1)) for n in range(1, 17)),
+        prefill_tps=100.0,
+        draft_token_s=draft_token_s,
+        draft_round_s=draft_round_s,
+    )
+
+
+def model_probe(agree: float, n: int = 400, seed: int = 0) -> list[ProbeSequence]:
+    rng = np.random.default_rng(seed)
+    matches = (rng.random(n) < agree).tolist()
+    return [ProbeSequence(50, n, run=runs_from_matches(matches, 8))]
+
+
+def recommend(costs_plain: Costs, costs_spec: Costs, seqs: list[ProbeSequence]) -> str:
+    plain = Candidate("llamacpp", "none", False)
+    spec = Candidate("llamacpp", "draft", True)
+    plain_seqs = [ProbeSequence(s.prompt_tokens, s.n_tokens, run=(0,) * s.n_tokens) for s in seqs]
+    preds = [(plain, predict(plain.label, costs_plain, plain_seqs, 0, model_draft=False))]
+    preds += [
+        (spec, predict(spec.label, costs_spec, seqs, k, model_draft=True)) for k in range(1, 9)
+    ]
+    rec = rank(preds, prompt_tokens=50, new_tokens=400, costs={"llamacpp": costs_plain})
+    assert rec.reason  # always says why
+    return rec.best.candidate.drafter
+
+
+def test_serial_verification_recommends_plain_decoding() -> None:
+    # a good draft (90 % agreement) costing 0.6 of a step, on a serial verifier
+    seqs = model_probe(0.9)
+    assert recommend(serial_costs(), serial_costs(draft_token_s=0.6 * STEP), seqs) == "none"
+
+
+def test_cheap_draft_and_flat_verification_recommend_speculation() -> None:
+    # the flipping fixture: the same acceptance, a cheap draft and a flat verifier
+    seqs = model_probe(0.9)
+    assert recommend(flat_costs(), flat_costs(draft_token_s=0.05 * STEP), seqs) == "draft"
+
+
+def test_a_poor_draft_on_a_flat_verifier_still_loses() -> None:
+    seqs = model_probe(0.1)
+    assert recommend(flat_costs(), flat_costs(draft_token_s=0.3 * STEP), seqs) == "none"
+
+
+def test_runs_from_matches() -> None:
+    m = [True, True, False, True, True, True]
+    assert runs_from_matches(m, 8) == (2, 1, 0, 3, 2, 1)
+    assert runs_from_matches(m, 2) == (2, 1, 0, 2, 2, 1)
+
+
+def test_simulation_of_a_model_draft_is_exact() -> None:
+    seq = ProbeSequence(10, 10, run=runs_from_matches([True] * 10, 8))
+    plan = simulate(seq, 3)  # rounds keep 3 drafts + 1 bonus; the last is cut to fit
+    assert plan.kept == (3, 3, 1) and plan.drafted == (3, 3, 1) and plan.tokens == 10
+
+
+def test_model_free_drafts_shorter_than_k_cost_less_and_keep_less() -> None:
+    # a lookup that proposes 2 tokens where it has a match and nothing elsewhere
+    props = tuple((2, 2) if t % 3 == 0 else (0, 0) for t in range(30))
+    seq = ProbeSequence(10, 30, proposals=props)
+    plan = simulate(seq, 8)
+    assert max(plan.drafted) == 2  # never the K asked for
+    costs = flat_costs(draft_round_s=0.001)
+    k8 = predict("x", costs, [seq], 8, model_draft=False)
+    k2 = predict("x", costs, [seq], 2, model_draft=False)
+    assert k8.decode_s == pytest.approx(k2.decode_s)  # K above the draft length changes nothing
+    assert k8.mean_drafted < 8
+
+
+def test_profile_key_changes_with_what_the_numbers_depend_on(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + b"\0" * 64)
+    machine = {"cpu": "x", "cores": 2, "versions": {"llama_cpp": "0.3.36"}}
+    base = {
+        "target": str(model),
+        "drafts": ["ngram"],
+        "settings": {"n_ctx": 4096},
+        "prompts": ["p"],
+    }
+    k0 = cache.profile_key(**base, machine=machine)  # type: ignore[arg-type]
+    assert cache.profile_key(**base, machine=machine) == k0  # type: ignore[arg-type]
+    model.write_bytes(b"GGUF" + b"\1" * 64)  # the model file changed
+    k1 = cache.profile_key(**base, machine=machine)  # type: ignore[arg-type]
+    assert k1 != k0
+    newer = {**machine, "versions": {"llama_cpp": "0.3.37"}}
+    assert cache.profile_key(**base, machine=newer) != k1  # type: ignore[arg-type]
+    other = {**base, "settings": {"n_ctx": 2048}}
+    assert cache.profile_key(**other, machine=machine) != k1  # type: ignore[arg-type]
+    assert cache.load_cached(k0, tmp_path) is None
+    cache.save(k0, {"x": 1}, tmp_path)
+    assert cache.load_cached(k0, tmp_path) == {"x": 1, "key": k0}
+    assert cache.load_cached(k1, tmp_path) is None
+
+
+MOCK_SPEC = ProfileSpec(
+    target="mock:target",
+    target_backends=("mock",),
+    drafts=("mock:close", "ngram"),
+    draft_backend="mock",
+    n_new=16,
+    k_model=(1, 2, 4),
+    k_free=(2, 4),
+    check_top=2,
+    n_ctx=512,
+)
+
+
+def test_run_profile_on_mocks_recommends_and_caches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    prompts = ["def f(x):\n    return x + 1\n" * 3, "The quick brown fox. " * 4]
+    first = run_profile(MOCK_SPEC, prompts)
+    labels = {c["config"] for c in first.checks}
+    assert "plain mock" in labels and len(first.checks) >= 2
+    assert first.recommendation["label"] in {
+        "plain mock",
+        "mock:close -> mock",
+        "ngram -> mock",
+    }
+    assert first.recommendation["reason"]
+    again = run_profile(MOCK_SPEC, prompts)  # from the cache: same numbers
+    assert again.predictions == first.predictions and again.key == first.key
+    fresh = run_profile(MOCK_SPEC, prompts, refresh=True)
+    assert fresh.key == first.key and fresh.costs != first.costs  # measured again
+
+
+def test_profile_cli_prints_valid_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    argv = ["profile", "--target", "mock:target", "--target-backend", "mock"]
+    argv += ["--draft", "ngram", "--new-tokens", "8", "--category", "qa", "--check-top", "1"]
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["recommendation"]["label"] in {"plain mock", "ngram -> mock"}
+    assert main(argv) == 0
+    assert "recommendation:" in capsys.readouterr().out
+
+
+# -- the reproducible adaptive policy ----------------------------------------------------------
+
+
+def test_profile_k_falls_back_on_serial_costs_and_speculates_on_flat_ones() -> None:
+    serial = ProfileK(serial_costs(draft_token_s=0.6 * STEP), k_max=8, prior_accept=0.9)
+    flat = ProfileK(flat_costs(draft_token_s=0.05 * STEP), k_max=8, prior_accept=0.9)
+    assert serial.next_k() == 0
+    assert flat.next_k() >= 4
+
+
+def test_profile_k_is_reproducible() -> None:
+    draft, target = mock_pair("close", vocab_size=16)
+    cfg = SamplingConfig(0.9)
+
+    def run() -> tuple[list[int], list[int]]:
+        pol = ProfileK(flat_costs(draft_token_s=0.2 * STEP), k_max=6, probe_every=4)
+        res = generate(
+            target,
+            draft,
+            [0, 3],
+            max_new_tokens=40,
+            k=pol,
+            sampling=cfg,
+            seed=11,
+            stop_on_eos=False,
+        )
+        return res.tokens, pol.trace
+
+    assert run() == run()
+    _, trace = run()
+    assert len(set(trace)) > 1  # K really adapts
+
+
+N_SEQ = 8000  # sequences per configuration; threshold p > 1e-3 stated in advance
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("closeness", ["close", "far"])
+def test_profile_k_keeps_the_target_distribution(closeness: str) -> None:
+    """Level 2 style: first 3 tokens of independent sequences against the exact target law."""
+    draft, target = mock_pair(closeness, vocab_size=5, order=2, sharpness=1.0)
+    cfg = SamplingConfig(1.0)
+    prompt = [0, 2]
+    exact = exact_first_tokens(target, prompt, cfg, 3)
+    keys = sorted(exact)
+    counts = dict.fromkeys(keys, 0)
+    for s in range(N_SEQ):
+        pol = ProfileK(flat_costs(draft_token_s=0.2 * STEP), k_max=3, probe_every=2)
+        res = generate(
+            target, draft, prompt, max_new_tokens=3, k=pol, sampling=cfg, seed=s, stop_on_eos=False
+        )
+        counts[tuple(res.tokens)] += 1
+    obs = np.array([counts[k] for k in keys], dtype=float)
+    exp = np.array([exact[k] for k in keys])
+    exp = exp / exp.sum() * N_SEQ
+    small = exp < 5
+    if small.any():
+        obs = np.append(obs[~small], obs[small].sum())
+        exp = np.append(exp[~small], exp[small].sum())
+    assert stats.chisquare(obs, exp).pvalue > 1e-3
+
+
+def test_auto_generate_and_load_auto_run_the_recommendation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import specdec
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    argv = ["generate", "--auto", "--target", "mock:target", "--target-backend", "mock"]
+    argv += ["--draft-backend", "mock", "--draft", "ngram", "--max-new-tokens", "12"]
+    argv += ["--no-stop", "--json", "abc abc abc abc"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "auto:" in out.err and json.loads(out.out)["n_tokens"] == 12
+    pair = specdec.load(
+        "mock:target", "ngram", target_backend="mock", draft_backend="mock", auto=True
+    )
+    assert pair.auto is not None and pair.auto.label in {"plain mock", "ngram -> mock"}
+    done = pair.generate("abc abc abc abc", max_new_tokens=12, stop_on_eos=False)
+    plain = pair.generate("abc abc abc abc", max_new_tokens=12, stop_on_eos=False, k=0)
+    assert done.tokens == plain.tokens  # greedy: whatever auto picks, the target's output
