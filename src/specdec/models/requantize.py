@@ -3,7 +3,8 @@
 A draft only proposes tokens that the target verifies, so a cheaper draft (for example the
 0.5B Q4_K_M requantized to Q4_0, which ggml runs with repacked and batch kernels on x86)
 stays lossless; only its acceptance changes. The result is cached beside the model store,
-under ``$SPECDEC_CACHE/requantized/``, with a JSON sidecar recording the source file's
+in the model store's ``requantized/`` folder (``$SPECDEC_CACHE``, default
+``~/.cache/specdec/models``), with a JSON sidecar recording the source file's
 SHA-256, the type, and the output's own SHA-256, which is checked before a cached file is
 reused.
 """
