@@ -188,23 +188,23 @@ def test_extend_truncate_with_padding_equals_fresh_with_the_same_batch_shapes(
 @pytest.mark.llamacpp
 def test_greedy_speculative_with_padding_equals_without(smol: Path) -> None:
     """Suffix drafts on a prompt that repeats itself, target verify passes padded to 16 rows
-    vs unpadded: the same greedy tokens. Both runs are compared with plain greedy decoding
-    too, and the number of padded passes is checked so the test is not vacuous."""
+    vs unpadded: the same greedy tokens (on this model and build the real rows of a padded
+    pass equal those of an unpadded multi-row pass bit for bit; see the noise test). The
+    number of padded passes and accepted drafts is checked so the test is not vacuous.
+    Equality with plain one-token decoding is not asserted: 1-row and multi-row passes
+    differ by the batch-shape noise, which can flip a near-tie."""
     text = (
         "def area(width, height):\n    return width * height\n\n"
         "def perimeter(width, height):\n    return 2 * (width + height)\n\n"
         "Repeat the two functions above exactly:\n"
     )
-    plain_lm = _lm(smol, n_ctx=512)
-    ids = plain_lm.tokenizer.encode(text, add_special_tokens=False)
+    ids = _lm(smol).tokenizer.encode(text, add_special_tokens=False)
     results = {}
     for label, kwargs in (("unpadded", {}), ("padded", {"pad_to": 16, "pad_min": 2})):
         target = _lm(smol, n_ctx=512, **kwargs)
         res = generate(target, SuffixDrafter(), ids, max_new_tokens=48, k=12, stop_on_eos=False)
         results[label] = (res, getattr(target, "padded_calls", 0))
-    plain = generate(plain_lm, None, ids, max_new_tokens=48, k=0, stop_on_eos=False)
     (unpadded, _), (padded, n_padded) = results["unpadded"], results["padded"]
     assert n_padded > 0
     assert sum(r.n_accepted for r in padded.rounds) > 0
     assert padded.tokens == unpadded.tokens
-    assert padded.tokens == plain.tokens

@@ -125,6 +125,20 @@ def test_model_max_k_zero_means_suffix_only() -> None:
     assert res.tokens == plain.tokens and h.model_rounds == 0
 
 
+def test_a_draft_model_with_a_smaller_window_stops_drafting_instead_of_overflowing() -> None:
+    target = MockLM(MockSpec(vocab_size=12, order=2))
+    draft = MockLM(MockSpec(vocab_size=12, order=2, n_ctx=24))
+    h = hybrid(draft)
+    for prompt in ([3, 4, 5, 6, 7, 8], list(range(3, 12)) * 3):  # the second exceeds 24
+        plain = generate(target, None, prompt, max_new_tokens=40, k=0, stop_on_eos=False)
+        ctx = list(prompt)
+        for ev in generate_stream(target, h, prompt, max_new_tokens=40, k=4, stop_on_eos=False):
+            ctx += ev.tokens
+            assert draft.n_cached <= 24
+            assert_model_cache_in_sync(h, draft, ctx)
+        assert ctx[len(prompt) :] == plain.tokens
+
+
 N_SEQ = 20_000
 
 

@@ -6,7 +6,9 @@ usually smaller than a free draft's). The model's cache is kept lazily: while su
 carry the rounds it is not touched, and the first model round catches up on everything
 accepted since its last call in one batched ``extend`` (ModelDrafter's own sync). ``reset``,
 ``prefill`` and ``rollback`` go to both drafters, so the model's cache always holds a prefix
-of the accepted context (the loop's invariant, docs/architecture.md).
+of the accepted context (the loop's invariant, docs/architecture.md). Where the model's
+context window is smaller than the target's, the model drafts less, and nothing once the
+context fills it (suffix drafts go on).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class HybridDrafter:
 
     def prefill(self, context: Sequence[int]) -> None:
         self.suffix.prefill(context)
-        self.model.prefill(context)
+        if len(context) <= self.model.model.n_ctx:
+            self.model.prefill(context)
 
     def rollback(self, context: Sequence[int]) -> None:
         self.suffix.rollback(context)
@@ -79,6 +82,10 @@ class HybridDrafter:
             self.last_source = "suffix"
             return draft
         k_model = k if self.model_max_k is None else min(k, self.model_max_k)
+        # the model's cache must hold the context and k_model - 1 drafts; the loop only
+        # bounds the context by the target's window (and a plain ModelDrafter's), not by
+        # a wrapped one's, so a full draft window means no model draft this round
+        k_model = min(k_model, self.model.model.n_ctx - len(context) + 1)
         if k_model <= 0:
             return Draft([], None)
         draft = self.model.propose(context, k_model, sampling, generator, stopwatch)
