@@ -20,6 +20,7 @@ from specdec.drafters.suffix import (
     SuffixIndex,
     SuffixOptions,
     draft_length_cap,
+    parse_suffix_options,
     vote_draft,
 )
 from specdec.errors import ConfigError
@@ -61,6 +62,15 @@ def index_state(idx: SuffixIndex) -> tuple[list[int], dict[int, dict[tuple[int, 
 def test_bad_options_are_config_errors(kwargs: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         SuffixOptions(**kwargs)  # type: ignore[arg-type]
+
+
+def test_options_parse_from_a_command_line_string() -> None:
+    assert parse_suffix_options("") == SuffixOptions()
+    got = parse_suffix_options("max_draft=12, min_match=3,draft_per_match=1.5")
+    assert got == SuffixOptions(max_draft=12, min_match=3, draft_per_match=1.5)
+    for bad in ("nonsense=1", "max_draft", "max_draft=x", "min_match=2.5", "max_draft=0"):
+        with pytest.raises(ConfigError):
+            parse_suffix_options(bad)
 
 
 # ------------------------------------------------------------------------- the index

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -74,6 +74,26 @@ class SuffixOptions:
             raise ConfigError(f"suffix min_confidence must be in [0, 1], got {self.min_confidence}")
         if self.max_candidates < 1:
             raise ConfigError(f"suffix max_candidates must be >= 1, got {self.max_candidates}")
+
+
+def parse_suffix_options(text: str) -> SuffixOptions:
+    """Options from ``"max_draft=16,min_match=3"`` (the empty string gives the defaults), for
+    command lines; unknown names and bad values are ConfigErrors."""
+    types = {f.name: f.type for f in fields(SuffixOptions)}
+    values: dict[str, int | float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, raw = (x.strip() for x in item.partition("="))
+        if not sep or name not in types:
+            raise ConfigError(
+                f"suffix option {item!r}: expected NAME=VALUE with NAME one of {', '.join(types)}"
+            )
+        try:
+            values[name] = float(raw) if types[name] in (float, "float") else int(raw)
+        except ValueError as e:
+            raise ConfigError(f"suffix option {name}: {raw!r} is not a number") from e
+    return SuffixOptions(**values)  # type: ignore[arg-type]
 
 
 class SuffixIndex:
