@@ -4,17 +4,25 @@ the drafters (the CLI, the bench, the certificate and the Python API all load pa
 A draft reference is one of
     none | ""          plain decoding (no drafter)
     ngram[:MAX_N]      prompt lookup over the context (no draft model)
+    suffix[:OPTS]      suffix matching over prompt and output, drafts sized by the match;
+                       OPTS like "max_draft=16,min_match=3" (``drafters.suffix``)
     a ModelConfig      a draft model (checked to share the target's tokenizer)
+    a HybridRef        suffix drafts where they match, the draft model elsewhere
     a Drafter object   used as it is
+On the command line, ``hybrid:MODEL`` names a hybrid with that draft model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from specdec.decoding import context_limit
 from specdec.drafters.base import Drafter
+from specdec.drafters.hybrid import HybridDrafter
+from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM, check_same_vocabulary
 from specdec.models.loader import ModelConfig, load_model
@@ -25,26 +33,46 @@ DEFAULT_DRAFT_BACKEND = "llamacpp"
 DEFAULT_TARGET_BACKEND = "hf"
 
 Loader = Callable[[ModelConfig], CausalLM]
-DraftRef = ModelConfig | Drafter | str | None
+HYBRID_PREFIX = "hybrid:"
+
+
+@dataclass(frozen=True)
+class HybridRef:
+    """A suffix drafter backed by a draft model where the suffix drafter has no match."""
+
+    model: ModelConfig
+    suffix: str = ""  # suffix options, "NAME=VALUE,..."
+
+
+DraftRef = ModelConfig | HybridRef | Drafter | str | None
+
+
+def _named(ref: str, name: str) -> bool:
+    return ref == name or ref.startswith(name + ":")
 
 
 def is_model_free(ref: str) -> bool:
     """Whether a draft reference names no model (plain decoding or a model-free drafter)."""
-    return ref in ("none", "") or ref == "ngram" or ref.startswith("ngram:")
+    return ref in ("none", "") or _named(ref, "ngram") or _named(ref, "suffix")
 
 
 def parse_drafter(ref: str) -> Drafter | None:
     """A model-free drafter from its reference (None for plain decoding)."""
     if ref in ("none", ""):
         return None
-    if ref == "ngram" or ref.startswith("ngram:"):
+    if _named(ref, "ngram"):
         _, _, n = ref.partition(":")
         try:
             max_n = int(n) if n else 3
         except ValueError as e:
             raise ConfigError(f"bad n-gram drafter {ref!r}: use ngram or ngram:MAX_N") from e
         return NgramDrafter(max_n=max_n)
-    raise ConfigError(f"unknown drafter {ref!r}: use a model, 'ngram[:MAX_N]' or 'none'")
+    if _named(ref, "suffix"):
+        return SuffixDrafter(parse_suffix_options(ref.partition(":")[2]))
+    raise ConfigError(
+        f"unknown drafter {ref!r}: use a model, 'ngram[:MAX_N]', 'suffix[:OPTS]', "
+        "'hybrid:MODEL' or 'none'"
+    )
 
 
 def release(*models: object) -> None:
@@ -65,11 +93,15 @@ def load_pair(
     """
     if isinstance(draft, str):
         draft = parse_drafter(draft)  # validate before loading anything
+    suffix = (
+        SuffixDrafter(parse_suffix_options(draft.suffix)) if isinstance(draft, HybridRef) else None
+    )
     target_lm = loader(target)
-    if not isinstance(draft, ModelConfig):
-        return draft, target_lm
+    model_cfg = draft.model if isinstance(draft, HybridRef) else draft
+    if not isinstance(model_cfg, ModelConfig):
+        return draft, target_lm  # type: ignore[return-value]
     try:
-        draft_lm = loader(draft)
+        draft_lm = loader(model_cfg)
     except BaseException:
         release(target_lm)
         raise
@@ -78,6 +110,8 @@ def load_pair(
     except BaseException:
         release(draft_lm, target_lm)
         raise
+    if suffix is not None:
+        return HybridDrafter(suffix, ModelDrafter(draft_lm)), target_lm
     return draft_lm, target_lm
 
 
@@ -85,4 +119,15 @@ def pair_context_limit(draft: CausalLM | Drafter | None, target: CausalLM) -> in
     """The context window a generation with this pair may use (the smaller of the two)."""
     if isinstance(draft, CausalLM):
         return min(target.n_ctx, draft.n_ctx)
-    return context_limit(target, draft)
+    return context_limit(target, draft)  # a hybrid bounds its own model's drafts
+
+
+def draft_label(ref: DraftRef) -> str | None:
+    """A short, stable description of a draft reference (for records and certificates)."""
+    if ref is None or isinstance(ref, str):
+        return ref
+    if isinstance(ref, ModelConfig):
+        return ref.label()
+    if isinstance(ref, HybridRef):
+        return f"{HYBRID_PREFIX}{ref.model.label()}" + (f"[{ref.suffix}]" if ref.suffix else "")
+    return getattr(ref, "name", type(ref).__name__)

@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.certify.common import FAIL
     from specdec.certify.plan import make_plan, parse_levels
     from specdec.certify.runner import CertifyConfig, model_label, run_certificate
-    from specdec.pairs import load_pair
+    from specdec.pairs import draft_label, load_pair
 
     levels = parse_levels(args.levels)
     plan = make_plan(
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         quick=args.quick,
         seed=args.seed,
         alpha=args.alpha,
-        draft=model_label(draft_cfg) if needs_models else None,
+        draft=draft_label(draft_cfg) if needs_models else None,
         target=model_label(target_cfg) if needs_models else None,
         prompts_source=prompts if needs_models else None,
         chat=args.chat,

@@ -11,6 +11,9 @@ from specdec.pairs import (
     DEFAULT_DRAFT_BACKEND,
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
+    HYBRID_PREFIX,
+    DraftRef,
+    HybridRef,
     is_model_free,
 )
 from specdec.sampling import SamplingConfig
@@ -21,8 +24,9 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
     g.add_argument(
         "--draft",
         default=DEFAULT_DRAFT,
-        help="draft: store name, GGUF file, model directory, 'ngram' (prompt "
-        f"lookup) or 'none' (default: {DEFAULT_DRAFT})",
+        help="draft: store name, GGUF file, model directory, 'ngram' (prompt lookup), "
+        "'suffix[:OPTS]' (suffix matching, drafts sized by the match), 'hybrid:MODEL' "
+        f"(suffix where it matches, the model elsewhere) or 'none' (default: {DEFAULT_DRAFT})",
     )
     g.add_argument(
         "--target",
@@ -53,7 +57,7 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
     g.add_argument("--n-ctx", type=int, default=n_ctx, help="context window to allocate")
 
 
-def model_configs(args: argparse.Namespace) -> tuple[ModelConfig | str | None, ModelConfig]:
+def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
     target = ModelConfig(
         model=args.target,
         backend=args.target_backend,
@@ -62,18 +66,20 @@ def model_configs(args: argparse.Namespace) -> tuple[ModelConfig | str | None, M
         n_ctx=args.n_ctx,
         n_threads=args.threads,
     )
-    draft: ModelConfig | str | None
+    draft: DraftRef
     if is_model_free(args.draft):
-        draft = args.draft or "none"
-    else:
-        draft = ModelConfig(
-            model=args.draft,
-            backend=args.draft_backend,
-            device=args.draft_device or args.device,
-            dtype=args.draft_dtype or args.dtype,
-            n_ctx=args.n_ctx,
-            n_threads=args.threads,
-        )
+        return args.draft or "none", target
+    model = args.draft.removeprefix(HYBRID_PREFIX)
+    draft = ModelConfig(
+        model=model,
+        backend=args.draft_backend,
+        device=args.draft_device or args.device,
+        dtype=args.draft_dtype or args.dtype,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+    )
+    if args.draft.startswith(HYBRID_PREFIX):
+        draft = HybridRef(draft)
     return draft, target
 
 

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--draft",
         action="append",
         default=None,
-        help=f"a drafter to consider (repeatable; default: {DEFAULT_DRAFT} and ngram)",
+        help=f"a drafter to consider (repeatable; default: {DEFAULT_DRAFT}, ngram, suffix)",
     )
     p.add_argument(
         "--target-backend",
@@ -72,7 +72,7 @@ def spec_from_args(args: argparse.Namespace) -> Any:
     return ProfileSpec(
         target=args.target,
         target_backends=tuple(args.target_backend or ("llamacpp", "hf")),
-        drafts=tuple(args.draft or (DEFAULT_DRAFT, "ngram")),
+        drafts=tuple(args.draft or (DEFAULT_DRAFT, "ngram", "suffix")),
         draft_backend=args.draft_backend,
         n_new=args.new_tokens,
         check_top=args.check_top,

@@ -47,7 +47,7 @@ class ProfileSpec:
 
     target: str = DEFAULT_TARGET
     target_backends: tuple[str, ...] = ("llamacpp", "hf")
-    drafts: tuple[str, ...] = (DEFAULT_DRAFT, "ngram")
+    drafts: tuple[str, ...] = (DEFAULT_DRAFT, "ngram", "suffix")
     draft_backend: str = "llamacpp"
     n_new: int = 48  # tokens per probe continuation
     k_model: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)

@@ -1,0 +1,60 @@
+"""Draft references: parsing, pair loading (model, suffix, hybrid) and the CLI wiring."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.cli import main
+from specdec.decoding import generate
+from specdec.drafters.hybrid import HybridDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.suffix import SuffixDrafter
+from specdec.errors import ConfigError, VocabMismatchError
+from specdec.models.loader import ModelConfig
+from specdec.pairs import HybridRef, draft_label, is_model_free, load_pair, parse_drafter
+
+
+def test_model_free_references_parse() -> None:
+    assert parse_drafter("none") is None
+    assert isinstance(parse_drafter("ngram:4"), NgramDrafter)
+    s = parse_drafter("suffix:max_draft=4,min_match=3")
+    assert isinstance(s, SuffixDrafter) and s.options.max_draft == 4
+    assert is_model_free("suffix") and is_model_free("ngram") and not is_model_free("hybrid:x")
+    for bad in ("suffix:bogus=1", "ngram:x", "nonsense"):
+        with pytest.raises(ConfigError):
+            parse_drafter(bad)
+
+
+def test_hybrid_reference_loads_a_hybrid_drafter_and_checks_the_vocabulary() -> None:
+    target = ModelConfig("mock:target:16", backend="mock")
+    draft, _ = load_pair(HybridRef(ModelConfig("mock:close:16", backend="mock")), target)
+    assert isinstance(draft, HybridDrafter)
+    assert draft_label(HybridRef(ModelConfig("mock:close:16", backend="mock"))) == (
+        "hybrid:mock:close:16@mock"
+    )
+    with pytest.raises(VocabMismatchError):
+        load_pair(HybridRef(ModelConfig("mock:close:32", backend="mock")), target)
+
+
+@pytest.mark.parametrize("draft", ["suffix", "suffix:max_draft=6", "hybrid:mock:close", "ngram"])
+def test_generate_cli_with_every_drafter_gives_the_greedy_output(
+    draft: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["generate", "--target", "mock:target", "--target-backend", "mock"]
+    base += ["--draft-backend", "mock", "--max-new-tokens", "24", "--no-stop", "--json"]
+    prompt = "abcabcabc abcabcabc abcabc"
+    assert main([*base, "-k", "0", prompt]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*base, "--draft", draft, "-k", "6", prompt]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["tokens"] == plain["tokens"]
+    assert spec["drafter"] != "none"
+
+
+def test_a_pair_generates_with_a_suffix_drafter_on_repetitive_text() -> None:
+    draft, target = load_pair("suffix", ModelConfig("mock:target:16", backend="mock"))
+    res = generate(target, draft, [3, 4, 5, 6] * 8, max_new_tokens=30, k=8, stop_on_eos=False)
+    plain = generate(target, None, [3, 4, 5, 6] * 8, max_new_tokens=30, k=0, stop_on_eos=False)
+    assert res.tokens == plain.tokens
