@@ -3,13 +3,15 @@
   A  llama-cpp-python's own decoding loop (``Llama.create_completion``, greedy, streamed so
      that prefill and decode can be told apart)
   B  specdec's llama.cpp backend with K = 0 (``specdec generate -k 0 --target-backend llamacpp``)
-  C  optional: specdec with a drafter on the same backend (``--draft``, e.g. ngram)
+  C  optional: specdec with drafters on the same backend (``--draft``, repeatable: ngram,
+     suffix, hybrid:MODEL, a draft model), and with ``--pad-to N`` the same drafters on a
+     backend instance whose verify passes are padded to N rows
 
 Per prompt and repeat each decoder runs once, in a rotating order, so slow drift hits them
 alike; the script prints decode tokens/s, prefill seconds and the ratios B/A (and C/A) per
 prompt, and their geometric means. Greedy, the same thread count for all.
 
-    python benchmarks/plain_baselines.py --prompts 6 --new-tokens 64 --repeats 2 [--draft ngram]
+    python benchmarks/plain_baselines.py --source all --new-tokens 64 --repeats 2 [--draft suffix]
 """
 
 from __future__ import annotations
@@ -54,12 +56,14 @@ def specdec_run(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
-    ap.add_argument("--prompts", type=int, default=6, help="one per Spec-Bench category, up to")
+    ap.add_argument("--source", default="all", help="prompt set: spec_bench, code, all, a file")
+    ap.add_argument("--per-category", type=int, default=1, help="prompts per category")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--draft", default=None, help="also run specdec with this drafter (C)")
-    ap.add_argument("-k", type=int, default=8, help="K for the drafter run")
+    ap.add_argument("--draft", action="append", default=[], help="also run this drafter (C)")
+    ap.add_argument("-k", type=int, default=8, help="K for the drafter runs")
+    ap.add_argument("--pad-to", type=int, default=None, help="also run drafters padded")
     ap.add_argument("--json", type=Path, default=None, help="write the raw figures here")
     args = ap.parse_args()
 
@@ -81,18 +85,45 @@ def main() -> int:
         n_batch=128,
         verbose=False,
     )
-    drafter = parse_drafter(args.draft) if args.draft else None
-    prompts = select_prompts(None, per_category=1)[: args.prompts]
+    from specdec.models.loader import ModelConfig
+    from specdec.pairs import HYBRID_PREFIX, HybridRef, is_model_free, load_pair
+
+    def drafter_for(ref: str, target):  # type: ignore[no-untyped-def]
+        if is_model_free(ref):
+            return parse_drafter(ref)
+        cfg = ModelConfig(ref.removeprefix(HYBRID_PREFIX), "llamacpp", n_threads=args.threads)
+        draft, _ = load_pair(
+            HybridRef(cfg) if ref.startswith(HYBRID_PREFIX) else cfg,
+            ModelConfig(str(path), "llamacpp", n_ctx=4096, n_threads=args.threads),
+            loader=lambda c: target if c.model == str(path) else _load(c),
+        )
+        return draft
+
+    def _load(c):  # type: ignore[no-untyped-def]
+        from specdec.models.loader import load_model
+
+        return load_model(c)
+
+    padded = (
+        LlamaCppLM(path, n_ctx=4096, n_threads=args.threads, pad_to=args.pad_to)
+        if args.pad_to
+        else None
+    )
+    prompts = select_prompts(args.source, per_category=args.per_category)
     ids = {p.id: encode_prompt(ours, p.text, chat=True) for p in prompts}
 
     runners = {
         "llama-cpp-python": lambda p: llama_cpp_own(own, p, args.new_tokens),
         "specdec plain": lambda p: specdec_run(ours, None, p, args.new_tokens, 0),
     }
-    if drafter is not None:
-        runners[f"specdec {args.draft} K={args.k}"] = lambda p: specdec_run(
-            ours, drafter, p, args.new_tokens, args.k
-        )
+    for ref in args.draft:
+        for target, tag in ((ours, ""), (padded, f"+pad{args.pad_to}")):
+            if target is None:
+                continue
+            d = drafter_for(ref, target)
+            runners[f"{ref}{tag} K={args.k}"] = lambda p, d=d, t=target: specdec_run(
+                t, d, p, args.new_tokens, args.k
+            )
     names = list(runners)
     first = next(iter(ids.values()))
     for r in runners.values():  # warm-up
@@ -107,6 +138,7 @@ def main() -> int:
                 rows[p.id][name].append(runners[name](ids[p.id]))
     base = names[0]
     print(f"{'prompt':28} {'tokens in':>9} " + " ".join(f"{n[:22]:>24}" for n in names))
+    print(f"(decode tokens/s after the first token; ratios against {names[0]})")
     ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
     for p in prompts:
         tps = {n: statistics.median(t / d for _, d, t in rows[p.id][n] if d > 0) for n in names}
