@@ -88,6 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # stdout closed early (e.g. piped into head): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:
+        # the file system or the OS said no (read-only or full disk, a path that is a file or
+        # a directory, a closed stream): one line, like any user-facing error
+        if args.debug:
+            traceback.print_exc()
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        print(f"specdec: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

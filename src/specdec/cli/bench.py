@@ -194,8 +194,9 @@ def print_plan(plan: BenchPlan) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.bench.runner import run_bench
-    from specdec.cli.common import quiet_libraries
+    from specdec.cli.common import check_common, quiet_libraries
 
+    check_common(args)
     quiet_libraries()
 
     plan = build_plan(args)

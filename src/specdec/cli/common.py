@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
+from specdec.errors import ConfigError
 from specdec.models.loader import BACKENDS, DEVICES, DTYPES, ModelConfig
 from specdec.pairs import (
     DEFAULT_DRAFT,
@@ -55,6 +57,39 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
         "--threads", type=int, default=None, help=f"CPU threads (default: all, {os.cpu_count()})"
     )
     g.add_argument("--n-ctx", type=int, default=n_ctx, help="context window to allocate")
+
+
+SEED_LIMIT = 2**63  # torch generators take seeds below 2^64; JSON and numpy need < 2^63
+
+
+def check_common(args: argparse.Namespace) -> None:
+    """Bounds of the shared numeric flags, before anything is loaded."""
+    if getattr(args, "threads", None) is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    if getattr(args, "n_ctx", 2) < 2:
+        raise ConfigError(f"--n-ctx must be >= 2, got {args.n_ctx}")
+    seed = getattr(args, "seed", 0)
+    if not 0 <= seed < SEED_LIMIT:
+        raise ConfigError(f"--seed must be in 0..2^63-1, got {seed}")
+
+
+def read_prompt(value: str) -> str:
+    """The prompt argument as text ('-' reads standard input), with bytes that are not UTF-8
+    reported by position rather than passed on to a tokenizer."""
+    if value == "-":
+        if sys.stdin is None or sys.stdin.closed:
+            raise ConfigError("the prompt is '-' but standard input is closed")
+        raw = sys.stdin.buffer.read()
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"the prompt on standard input is not valid UTF-8 at byte {e.start}"
+            ) from e
+    bad = next((i for i, ch in enumerate(value) if 0xD800 <= ord(ch) <= 0xDFFF), None)
+    if bad is not None:  # argv bytes that were not UTF-8 arrive as lone surrogates
+        raise ConfigError(f"the prompt is not valid UTF-8 at character {bad}")
+    return value
 
 
 def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:

@@ -13,8 +13,10 @@ from specdec.cli import command_help
 from specdec.cli.common import (
     add_model_args,
     add_sampling_args,
+    check_common,
     model_configs,
     quiet_libraries,
+    read_prompt,
     sampling_config,
 )
 from specdec.decoding import GenerationResult, generate_stream
@@ -126,7 +128,8 @@ def stats_line(res: GenerationResult, label: str = "") -> str:
 
 def run(args: argparse.Namespace) -> int:
     quiet_libraries()
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    check_common(args)
+    prompt = read_prompt(args.prompt)
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.k < 0:

