@@ -5,6 +5,7 @@ runs in seconds; each case is (argv, expected exit, words the message starts wit
 from __future__ import annotations
 
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -100,3 +101,45 @@ def test_debug_keeps_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture
     argv = ["--debug", "models", "fetch", "smollm2-135m-instruct-q4_1", "--cache-dir"]
     assert main([*argv, str(not_a_dir)]) == 2
     assert "Traceback" in capsys.readouterr().err
+
+
+# -- conventions (issue 13): llama.cpp / mlx-lm flag names, no prefix guessing, valid JSON --
+
+
+def test_llama_cpp_style_flags_work(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "-m", "mock:target", "--target-backend", "mock", "--draft-backend"]
+    argv += ["mock", "-md", "mock:close", "-n", "6", "--temp", "0.5", "--no-stop", "--json"]
+    assert main([*argv, "-p", "hello"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    long = ["generate", "--model", "mock:target", "--target-backend", "mock", "--draft-backend"]
+    long += ["mock", "--draft-model", "mock:close", "--max-tokens", "6", "--temperature", "0.5"]
+    assert main([*long, "--no-stop", "--json", "hello"]) == 0
+    b = json.loads(capsys.readouterr().out)
+    assert a["tokens"] == b["tokens"] and a["n_tokens"] == 6
+
+
+def test_prefixes_are_not_guessed_and_the_prompt_is_given_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):  # --max-new is not an option, nor a prefix of one
+        main([*GEN, "--max-new", "3", "hi"])
+    assert "unrecognized arguments" in capsys.readouterr().err
+    assert main([*GEN, "-p", "a", "b"]) == 2
+    assert "give the prompt once" in capsys.readouterr().err
+    assert main([*GEN]) == 2
+
+
+def test_json_is_valid_when_a_figure_is_undefined(capsys: pytest.CaptureFixture[str]) -> None:
+    # K = 0: acceptance by position is empty and nothing is NaN-free by luck
+    argv = ["generate", *MOCK, "-k", "0", "--max-new-tokens", "1", "--json", "hi"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "NaN" not in out and "Infinity" not in out
+    json.loads(out)
+    # a far draft rejected at position 1: position 2 is never reached, its acceptance is
+    # undefined (NaN inside) and must be null in the JSON
+    argv = ["generate", *MOCK, "--draft", "mock:far", "-k", "4", "--max-new-tokens", "3"]
+    assert main([*argv, "--no-stop", "--json", "hi"]) == 0
+    out = capsys.readouterr().out
+    assert "NaN" not in out
+    assert json.loads(out)["acceptance_by_position"] == [0.0, None]

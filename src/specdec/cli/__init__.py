@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
+from typing import Any
 
 from specdec import __version__
 from specdec.errors import SpecdecError
@@ -49,13 +50,21 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without prefix matching (``--temp`` is a real alias, not a guess), for the
+    top-level parser and, through ``add_subparsers``, every subcommand."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser, with the full options of the command named in ``argv`` (all commands'
     full options when argv is None)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="specdec",
         description="Lossless speculative decoding: generate, measure, certify.",
-        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"specdec {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")

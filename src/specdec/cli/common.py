@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+from typing import Any
 
 from specdec.errors import ConfigError
 from specdec.models.loader import BACKENDS, DEVICES, DTYPES, ModelConfig
@@ -25,6 +27,9 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
     g = p.add_argument_group("models")
     g.add_argument(
         "--draft",
+        "-md",
+        "--draft-model",
+        dest="draft",
         default=DEFAULT_DRAFT,
         help="draft: store name, GGUF file, model directory, 'ngram' (prompt lookup), "
         "'suffix[:OPTS]' (suffix matching, drafts sized by the match), 'hybrid:MODEL' "
@@ -32,6 +37,9 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
     )
     g.add_argument(
         "--target",
+        "-m",
+        "--model",
+        dest="target",
         default=DEFAULT_TARGET,
         help=f"target: store name, GGUF file or model directory (default: {DEFAULT_TARGET})",
     )
@@ -92,6 +100,17 @@ def read_prompt(value: str) -> str:
     return value
 
 
+def json_ready(x: Any) -> Any:
+    """Valid JSON values: undefined or unbounded figures (NaN, inf) become null."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: json_ready(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_ready(v) for v in x]
+    return x
+
+
 def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
     target = ModelConfig(
         model=args.target,
@@ -120,7 +139,7 @@ def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-k", type=int, default=0, help="0 disables")
     g.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1 disables")
     g.add_argument("--seed", type=int, default=0)

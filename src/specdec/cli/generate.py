@@ -14,6 +14,7 @@ from specdec.cli.common import (
     add_model_args,
     add_sampling_args,
     check_common,
+    json_ready,
     model_configs,
     quiet_libraries,
     read_prompt,
@@ -35,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Generate text from the target model with a draft proposing K tokens per "
         "round. Greedy output equals the target's own; sampled output has its distribution.",
     )
-    p.add_argument("prompt", help="prompt text ('-' reads standard input)")
+    p.add_argument("prompt", nargs="?", help="prompt text ('-' reads standard input)")
+    p.add_argument("-p", "--prompt", dest="prompt_option", help="the prompt, as an option")
     p.add_argument("-k", type=int, default=6, help="draft tokens per round; 0 = plain decoding")
     p.add_argument(
         "--adaptive",
@@ -49,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the target's backend, the drafter or plain decoding, and K adapted from the "
         "profile's costs and the rounds' acceptance (reproducible with --seed)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", "-n", "--max-tokens", type=int, default=128)
     p.add_argument("--chat", action="store_true", help="apply the target's chat template")
     p.add_argument("--no-stop", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument("--json", action="store_true", help="print one JSON result, no streaming")
@@ -129,7 +131,9 @@ def stats_line(res: GenerationResult, label: str = "") -> str:
 def run(args: argparse.Namespace) -> int:
     quiet_libraries()
     check_common(args)
-    prompt = read_prompt(args.prompt)
+    if (args.prompt is None) == (args.prompt_option is None):
+        raise ConfigError("give the prompt once: as the argument or with -p/--prompt")
+    prompt = read_prompt(args.prompt if args.prompt is not None else args.prompt_option)
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.k < 0:
@@ -174,13 +178,16 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(
                 json.dumps(
-                    {
-                        "plain": plain.to_dict(),
-                        "speculative": spec.to_dict(),
-                        "speedup": speedup,
-                        "identical_output": same,
-                        "text": target.tokenizer.decode(spec.tokens),
-                    }
+                    json_ready(
+                        {
+                            "plain": plain.to_dict(),
+                            "speculative": spec.to_dict(),
+                            "speedup": speedup,
+                            "identical_output": same,
+                            "text": target.tokenizer.decode(spec.tokens),
+                        }
+                    ),
+                    allow_nan=False,
                 )
             )
         else:
@@ -202,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         out = res.to_dict()
         out["text"] = target.tokenizer.decode(res.tokens)
         out["load_seconds"] = t_load
-        print(json.dumps(out))
+        print(json.dumps(json_ready(out), allow_nan=False))
     else:
         print(stats_line(res), file=sys.stderr)
     return 0

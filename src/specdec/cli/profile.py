@@ -129,7 +129,7 @@ def render(result: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.cli.common import quiet_libraries
+    from specdec.cli.common import json_ready, quiet_libraries
     from specdec.profiler.run import run_profile
 
     quiet_libraries()
@@ -141,18 +141,7 @@ def run(args: argparse.Namespace) -> int:
         log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
     )
     if args.json:
-        print(json.dumps(finite(result.to_dict()), allow_nan=False))
+        print(json.dumps(json_ready(result.to_dict()), allow_nan=False))
     else:
         print(render(result))
     return 0
-
-
-def finite(x: Any) -> Any:
-    """JSON-ready: non-finite floats (undefined or unbounded figures) become null."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [finite(v) for v in x]
-    return x
