@@ -41,6 +41,8 @@ DEFAULT_N_BATCH = 128
 
 
 # Serialises loads that temporarily wrap llama_model_default_params (see _model_params_set).
+# Code outside this module that builds a Llama() on another thread during such a load would
+# see the wrapped function too; specdec itself loads models from one thread.
 _PARAMS_LOCK = threading.Lock()
 
 
@@ -177,8 +179,8 @@ class LlamaCppLM:
         llama_cpp = _import_llama()
         if not repack and not _has_param_field(llama_cpp, "use_extra_bufts"):
             raise ConfigError(
-                "repack=False needs a llama-cpp-python whose llama_model_params has "
-                "use_extra_bufts (0.3.16 or later)"
+                "repack=False needs a newer llama-cpp-python: this one's "
+                "llama_model_params has no use_extra_bufts field"
             )
         threads = n_threads or max(1, os.cpu_count() or 1)
         overrides = {} if repack else {"use_extra_bufts": False}
