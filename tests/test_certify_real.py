@@ -24,6 +24,7 @@ from specdec.certify.faults import (
     injected_fault,
 )
 from specdec.certify.mock_level import mock_prompts
+from specdec.certify.pertoken import RecordingLM, recorded_rows, replay_rows
 from specdec.certify.real import (
     Level3Config,
     Level3Result,
@@ -197,6 +198,24 @@ def test_tie_threshold_is_not_taken_from_the_divergence() -> None:
         assert d.cause == "real bug"
         return
     pytest.fail("no greedy divergence on any prompt")
+
+
+def test_recorded_rows_are_the_replay_and_are_checked_against_the_output() -> None:
+    """The rows recorded from the run's verify passes equal the full shape-matched replay bit
+    for bit on a deterministic backend; a recorded pass whose first token is not the one the
+    output implies (a decoder feeding the target the wrong context) is flagged."""
+    draft, target = _pair("mock:close:32")
+    ids = PROMPTS[0]
+    rec = RecordingLM(target)
+    res = generate(rec, draft, ids, max_new_tokens=20, k=3, sampling=SamplingConfig(1.0), seed=1)
+    rows, ok = recorded_rows(rec.passes, ids, res.tokens, res.rounds)
+    assert ok and rows.shape == (len(res.tokens), 32)
+    assert torch.equal(rows, replay_rows(target, ids, res.tokens, res.rounds))
+    start, fed, logits = rec.passes[-1]
+    bad = [*rec.passes[:-1], (start, [(fed[0] + 1) % 32, *fed[1:]], logits)]
+    assert not recorded_rows(bad, ids, res.tokens, res.rounds)[1]
+    shifted = [*rec.passes[:-1], (start + 1, fed, logits)]
+    assert not recorded_rows(shifted, ids, res.tokens, res.rounds)[1]
 
 
 def test_top2_gap() -> None:

@@ -229,14 +229,23 @@ class PerTokenResult:
     tv_plain_low: float  # 95 % Student-t interval over sequences
     tv_plain_high: float
     tv_threshold: float
-    power_shape_matched: list[PowerRow]
-    power_plain: list[PowerRow]
+    power_shape_matched: list[PowerRow]  # (b) is judged by its measured effect instead
     order: str  # the token order of the PIT
     mean_tokens_per_round: float
+    inconsistent_sequences: int = 0  # a verify pass was not the one the output implies
+    replay_max_abs: float = 0.0  # max |full replay - recorded rows| over replayed sequences
+    n_replayed: int = 0
+
+    @property
+    def reference_broken(self) -> bool:
+        """The run's passes do not match its output, or the replay does not reproduce them:
+        the decoder fed the target something else than it claims (or the backend is not
+        deterministic), so reference (a) is not the rows that produced the tokens."""
+        return self.inconsistent_sequences > 0 or self.replay_max_abs > 0
 
     @property
     def decoder_rejected(self) -> bool:
-        return self.shape_matched.rejected
+        return self.shape_matched.rejected or self.reference_broken
 
     @property
     def plain_rejected(self) -> bool:
@@ -259,6 +268,7 @@ class PerTokenResult:
         d["plain"] = self.plain.to_dict() if self.plain else None
         d.update(
             decoder_rejected=self.decoder_rejected,
+            reference_broken=self.reference_broken,
             plain_rejected=self.plain_rejected,
             plain_effect_too_large=self.plain_effect_too_large,
             min_detectable_tv_shape_matched=self.worst_power(self.power_shape_matched),
@@ -282,6 +292,7 @@ def summarize_scores(
         return power_table(n, cfg.alpha, cfg.power, cfg.power_trials, seed, cfg.bins)
 
     rounds = sum(s.n_rounds for s in scores)
+    replayed = [s.replay_max_abs for s in scores if s.replay_max_abs is not None]
     return PerTokenResult(
         n_sequences=len(scores),
         n_tokens=int(u_a.shape[0]),
@@ -293,9 +304,11 @@ def summarize_scores(
         tv_plain_high=tv[2],
         tv_threshold=cfg.plain_tv_threshold,
         power_shape_matched=power(test_a.n),
-        power_plain=power(test_b.n) if test_b is not None else [],
         order=order,
         mean_tokens_per_round=float(u_a.shape[0] / rounds) if rounds else math.nan,
+        inconsistent_sequences=sum(not s.consistent for s in scores),
+        replay_max_abs=max(replayed, default=0.0),
+        n_replayed=len(replayed),
     )
 
 
@@ -372,7 +385,16 @@ class Level3Result:
                 f"threshold {self.tie_threshold:.3g} measured by the probe): a decoder bug."
             )
         pt = self.pertoken
-        if pt is not None and pt.decoder_rejected:
+        if pt is not None and pt.reference_broken:
+            out.append(
+                f"The speculative run's verify passes are not the ones its output implies "
+                f"({pt.inconsistent_sequences} sequence(s) with a pass at the wrong cache "
+                "position, with other tokens or of another size), or the shape-matched replay "
+                f"does not reproduce them (max logit difference {pt.replay_max_abs:.3g} over "
+                f"{pt.n_replayed} replayed sequences; must be 0): a decoder bug, or a backend "
+                "that is not deterministic."
+            )
+        if pt is not None and pt.shape_matched.rejected:
             out.append(
                 "Per-token test against the shape-matched replay REJECTED (p = "
                 f"{fmt(pt.shape_matched.pvalue)}; {pt.shape_matched.impossible} tokens "
@@ -435,6 +457,8 @@ class Level3Result:
                 "tokens": pt.n_tokens,
                 "shape_matched_p": pt.shape_matched.pvalue,
                 "shape_matched_rejected": pt.decoder_rejected,
+                "reference_broken": pt.reference_broken,
+                "replay_max_abs": pt.replay_max_abs,
                 "min_detectable_tv_shape_matched": pt.worst_power(pt.power_shape_matched),
                 "plain_p": pt.plain.pvalue if pt.plain else None,
                 "plain_rejected": pt.plain_rejected,
@@ -503,9 +527,13 @@ class Level3Result:
             )
             a = pt.shape_matched
             lines.append(
-                f"(a) vs the shape-matched replay: {pt.n_tokens} tokens from "
-                f"{pt.n_sequences} sequences ({pt.mean_tokens_per_round:.2f} tokens per "
-                f"round); AD p = {fmt(a.ad_pvalue)}, chi-square p = {fmt(a.chi2_pvalue)}: "
+                "(a) vs the rows of the run's own passes "
+                f"({pt.n_sequences - pt.inconsistent_sequences}/{pt.n_sequences} sequences' "
+                "passes match their "
+                f"output; the full shape-matched replay of {pt.n_replayed} sequences "
+                f"reproduces them to {pt.replay_max_abs:.2g}): {pt.n_tokens} tokens "
+                f"({pt.mean_tokens_per_round:.2f} per round); AD p = {fmt(a.ad_pvalue)}, "
+                f"chi-square p = {fmt(a.chi2_pvalue)}: "
                 + ("REJECTED" if a.rejected else "not rejected")
                 + f" at {c.alpha:g}. Power (simulated, {c.power_trials} trials per TV): a "
                 "per-token TV present at every token is detected with 80 % probability from "
