@@ -40,6 +40,7 @@ def test_level3_run_writes_a_certificate(tmp_path: Path, capsys: pytest.CaptureF
     stdout = capsys.readouterr().out
     assert stdout.startswith("VERDICT: PASS")
     assert "detects per-token TV >=" in stdout and "quick run" in stdout
+    assert "threshold 0.02" in stdout  # the plain-decoding rule, fixed in advance, printed
     doc = json.loads((out / "certificate.json").read_text(), parse_constant=_no_nan)
     assert doc["alpha"] == 0.01 and doc["seed"] == 0 and doc["levels_requested"] == ["3"]
     assert doc["plan"]["level3"]["seeds"] == 4

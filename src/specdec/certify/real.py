@@ -15,9 +15,10 @@
    the difference at the divergence itself, which would grow with the very error under test).
    Anything else is a "real bug".
 3. Per-token test (``pertoken``, ``pit``): independent speculative sequences, every emitted
-   token turned into a randomised PIT value against (a) the shape-matched replay rows (the
-   clean test of the decoder: uniform under a correct walk whatever the backend's numerics)
-   and (b) plain one-token-per-pass rows; uniformity tested with Anderson-Darling plus a
+   token turned into a randomised PIT value against (a) the shape-matched rows (the run's
+   own verify passes, checked against its output and, on a subset, reproduced by a full
+   replay: the clean test of the decoder, uniform under a correct walk whatever the
+   backend's numerics) and (b) plain one-token-per-pass rows; uniformity tested with Anderson-Darling plus a
    binned chi-square (each at alpha / 2; (a) and (b) each their own family at alpha). The
    effect of batch-shape numerics on what users see is measured directly: the per-token TV
    between the (a) and (b) rows at the positions the sequences visit, with a 95 % interval
