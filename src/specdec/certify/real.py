@@ -18,8 +18,9 @@
    token turned into a randomised PIT value against (a) the shape-matched rows (the run's
    own verify passes, checked against its output and, on a subset, reproduced by a full
    replay: the clean test of the decoder, uniform under a correct walk whatever the
-   backend's numerics) and (b) plain one-token-per-pass rows; uniformity tested with Anderson-Darling plus a
-   binned chi-square (each at alpha / 2; (a) and (b) each their own family at alpha). The
+   backend's numerics) and (b) plain one-token-per-pass rows; uniformity tested with
+   Anderson-Darling plus a binned chi-square (each at alpha / 2; (a) and (b) each their own
+   family at alpha). The
    effect of batch-shape numerics on what users see is measured directly: the per-token TV
    between the (a) and (b) rows at the positions the sequences visit, with a 95 % interval
    over sequences. The verdict rule against plain decoding is fixed in advance: the upper

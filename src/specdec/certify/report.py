@@ -71,7 +71,7 @@ class Certificate:
             if pt is not None:
                 a = pt.shape_matched
                 text += (
-                    f"; per-token vs shape-matched replay p = {fmt(a.pvalue)}"
+                    f"; per-token vs shape-matched rows p = {fmt(a.pvalue)}"
                     f"{' REJECTED' if a.rejected else ''} ({a.n} tokens, detects per-token TV "
                     f">= {fmt(pt.worst_power(pt.power_shape_matched))})"
                 )
