@@ -68,11 +68,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--n-prompts",
         type=int,
         default=None,
-        help="Level 3 prompts in all (quick 8, full 56): greedy on the first (quick 5, full "
+        help="Level 3 prompts in all (quick 6, full 56): greedy on the first (quick 3, full "
         "48), the probe on the last (3 / 8), the per-token test on the first (3 / 20)",
     )
     p.add_argument(
-        "--greedy-prompts", type=int, default=None, help="Level 3 greedy prompts (5 / 48)"
+        "--greedy-prompts", type=int, default=None, help="Level 3 greedy prompts (3 / 48)"
     )
     p.add_argument(
         "--sampled-prompts",
@@ -84,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--seeds",
         type=int,
         default=None,
-        help="Level 3 per-token test: independent speculative sequences per prompt (8)",
+        help="Level 3 per-token test: independent speculative sequences per prompt (4 / 9)",
     )
     p.add_argument(
         "--sample-tokens",
@@ -97,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="Level 3 per-token test: sequences per prompt also scored one token per pass "
-        "against plain decoding (quick all, full 4)",
+        "against plain decoding (quick 1, full 4)",
     )
     p.add_argument(
         "--plain-tv-threshold",
