@@ -167,9 +167,9 @@ class Certificate:
                 "per-token differences whose excess mass sits in one region of the token order "
                 "(draft-mixture, shift, tail, bump); a difference scattered finely over the "
                 "order is not detectable by any test of this size.",
-                "The shape-matched replay reproduces the speculative passes on a deterministic "
-                "backend; a backend whose logits change between identical calls would make "
-                "reference (a) approximate.",
+                "Reference (a) is the rows of the run's own verify passes, checked against the "
+                "output and reproduced by a full replay on the plain-scored sequences; a backend "
+                "whose logits change between identical calls fails that check.",
                 "Greedy bit-exactness with plain decoding is not expected on a backend whose "
                 "logits depend on the batch shape; near-ties are explained, not excluded.",
                 "Speed is not certified here (see specdec bench).",
