@@ -9,7 +9,9 @@ below has a fixture that must produce the opposite one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import torch
@@ -216,6 +218,20 @@ def test_recorded_rows_are_the_replay_and_are_checked_against_the_output() -> No
     assert not recorded_rows(bad, ids, res.tokens, res.rounds)[1]
     shifted = [*rec.passes[:-1], (start + 1, fed, logits)]
     assert not recorded_rows(shifted, ids, res.tokens, res.rounds)[1]
+
+
+def test_probe_bound_accounts_for_temperature_and_truncation() -> None:
+    """The probe's logit difference eps is turned into a per-token TV bound at the sampling
+    temperature (1 - exp(-2 eps / T)), and no bound is offered under top-k / top-p."""
+    draft, target = _pair("mock:close:32")
+    noisy = BatchVariantLM(target, 0.05)
+    hot = run_level3(draft, noisy, PROMPTS, replace(CFG, temperature=0.5), parts=("probe",))
+    assert hot.probe is not None
+    eps = hot.probe.max_abs
+    assert f"{1 - math.exp(-2 * eps / 0.5):.3g}" in hot.probe_tv_bound_sentence()
+    cut = run_level3(draft, noisy, PROMPTS, replace(CFG, top_k=5), parts=("probe",))
+    assert "bounds nothing" in cut.probe_tv_bound_sentence()
+    assert any("bounds nothing" in line for line in cut.shown())
 
 
 def test_top2_gap() -> None:

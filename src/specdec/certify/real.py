@@ -43,6 +43,7 @@ from specdec.decoding import GenerationResult, generate
 from specdec.drafters.base import Drafter
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingConfig
+from specdec.stats import softmax_tv_bound
 
 from .common import FAIL, PASS, WARN, fmt
 from .invariance import InvarianceResult, batch_invariance
@@ -369,6 +370,24 @@ class Level3Result:
             return WARN
         return PASS
 
+    def probe_tv_bound_sentence(self) -> str:
+        """What the probe's max logit difference implies for the per-token TV between pass
+        shapes at the sampling settings (a cross-check of the measured effect, never an
+        excuse: logits move by eps, probabilities by eps / T; no bound under truncation)."""
+        c = self.config
+        if self.probe is None:
+            return ""
+        if c.top_k > 0 or c.top_p < 1.0:
+            return (
+                "Under top-k / top-p truncation the probe's logit difference bounds nothing "
+                "(a token can cross the cut): only the measured effect counts."
+            )
+        bound = softmax_tv_bound(self.probe.max_abs, 1, temperature=c.temperature)
+        return (
+            f"At T = {c.temperature:g} that difference bounds the per-token TV between pass "
+            f"shapes by {bound:.3g} (1 - exp(-2 eps / T)) at the probed positions."
+        )
+
     def notes(self) -> list[str]:
         """Why the status is what it is, in words (empty for a clean pass)."""
         out = []
@@ -491,7 +510,7 @@ class Level3Result:
                 f"flips) on {p.n_prompts} prompt(s)"
                 + (" (shared with the greedy prompts)" if self.probe_overlaps_greedy else "")
                 + f"; near-tie threshold {p.tie_threshold:.3g}; rollback error "
-                f"{p.rollback_max_abs:.2g} (must be 0)."
+                f"{p.rollback_max_abs:.2g} (must be 0). " + self.probe_tv_bound_sentence()
             )
         if self.greedy:
             n = len(self.greedy)
