@@ -25,7 +25,7 @@ MOCKS = [
     "--draft", "mock:close:8", "--target", "mock:target:8",
     "--draft-backend", "mock", "--target-backend", "mock",
 ]  # fmt: skip
-L3 = ["--levels", "3", "--quick", "--seeds", "30", "--n-prompts", "2", *MOCKS]
+L3 = ["--levels", "3", "--quick", "--seeds", "4", "--n-prompts", "2", *MOCKS]
 
 
 def _lines(path: Path) -> list[str]:
@@ -39,10 +39,11 @@ def test_level3_run_writes_a_certificate(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["certify", *L3, "--out", str(out)]) == 0
     stdout = capsys.readouterr().out
     assert stdout.startswith("VERDICT: PASS")
-    assert "detects TV >=" in stdout and "quick run" in stdout
+    assert "detects per-token TV >=" in stdout and "quick run" in stdout
+    assert "threshold 0.02" in stdout  # the plain-decoding rule, fixed in advance, printed
     doc = json.loads((out / "certificate.json").read_text(), parse_constant=_no_nan)
     assert doc["alpha"] == 0.01 and doc["seed"] == 0 and doc["levels_requested"] == ["3"]
-    assert doc["plan"]["level3"]["seeds"] == 30
+    assert doc["plan"]["level3"]["seeds"] == 4
     assert doc["verdict"]["status"] == "pass"
     l3 = doc["levels"]["3"]
     assert l3["probe"]["max_abs"] == 0.0 and len(l3["greedy"]) == 2
@@ -80,7 +81,7 @@ def test_resume_reuses_completed_units(tmp_path: Path, capsys: pytest.CaptureFix
     (out / "progress.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:10])
     assert main(["certify", *L3, "--out", str(out), "--resume"]) == 0
     second = json.loads((out / "certificate.json").read_text())
-    assert second["levels"]["3"]["comparisons"] == first["levels"]["3"]["comparisons"]
+    assert second["levels"]["3"]["pertoken"] == first["levels"]["3"]["pertoken"]
     assert len(_lines(out / "progress.jsonl")) == n_lines + 1  # only the cut unit redone
     capsys.readouterr()
     assert main(["certify", *L3, "--seed", "1", "--out", str(out), "--resume"]) == 2
@@ -141,3 +142,54 @@ def test_ngram_drafter_and_probe_level(tmp_path: Path, capsys: pytest.CaptureFix
     assert doc["levels"]["probe"]["max_abs"] == 0.0
     assert doc["levels"]["draft_probe"]["max_abs"] == 0.0
     assert doc["target_runtime"]["class"] == "MockLM"
+
+
+# V = 32 mocks with an unrelated draft (EOS ends fewer sequences early than at V = 8)
+QUICK_L3 = [
+    "--levels", "3", "--quick",
+    "--draft", "mock:far:32", "--target", "mock:target:32",
+    "--draft-backend", "mock", "--target-backend", "mock",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "wrong-rows",
+        "stale-rollback",
+        "wrong-q",
+        "residual-is-p-after-first-round",
+        "position-after-truncate",
+        "residual-is-p",
+    ],
+)
+def test_every_fault_fixture_fails_at_quick_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture, fault: str
+) -> None:
+    """Each faulty backend / walk makes `certify --quick` (Level 3 at its real quick size)
+    print FAIL and exit 1."""
+    rc = main(["certify", *QUICK_L3, "--inject-fault", fault, "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert f"injected fault {fault!r}: FAIL" in out
+
+
+def test_noisy_but_correct_backend_does_not_fail(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The control: bf16-like shape-dependent logit noise passes the shape-matched test and
+    the certificate does not FAIL (exit 0) at the quick size."""
+    rc = main(["certify", *QUICK_L3, "--inject-fault", "noisy-numerics", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    doc = json.loads((tmp_path / "certificate.json").read_text())
+    assert doc["levels"]["3"]["pertoken"]["decoder_rejected"] is False
+
+
+def test_cli_fault_list_matches_the_package() -> None:
+    """The CLI's --inject-fault choices (kept literal to avoid importing torch at start-up)
+    are exactly specdec.certify.faults.ALL_FAULTS."""
+    from specdec.certify.faults import ALL_FAULTS
+    from specdec.cli.certify import FAULT_CHOICES
+
+    assert tuple(FAULT_CHOICES) == tuple(ALL_FAULTS)

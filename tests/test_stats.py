@@ -147,3 +147,56 @@ def test_softmax_tv_bound_holds() -> None:
             assert S.tv_distance(p, q) <= S.softmax_tv_bound(eps) + 1e-12
     assert S.softmax_tv_bound(0.0, 3) == 0.0
     assert S.softmax_tv_bound(0.1, 2) == pytest.approx(1 - math.exp(-0.4))
+
+
+def test_combined_chisquare_keeps_an_impossible_stratum() -> None:
+    """One clean stratum plus one with an observation of probability 0 (statistic inf, dof 0)
+    must reject the joint null (p = 0), not be dropped as 'untestable' (the old p was 1.0)."""
+    clean = S.chisquare_gof(np.array([50, 50]), np.array([0.5, 0.5]))
+    impossible = S.chisquare_gof(np.array([10, 1]), np.array([1.0, 0.0]))
+    assert impossible.statistic == math.inf and impossible.dof == 0
+    c = S.combine_chisquare([clean, impossible])
+    assert c.pvalue == 0.0 and c.statistic == math.inf
+    assert S.combine_chisquare([impossible]).pvalue == 0.0
+
+
+def test_tv_interval_uses_the_support_size() -> None:
+    """A table built from the observed categories (2 here) out of a support of 1,000 must get
+    the radius of the support: observed-only radii cover TV on data-chosen categories only.
+    Numbers: radius = 0.5 sqrt((C - 1) / n) + sqrt(log(1 / (1 - conf)) / 2n) per sample."""
+    a, b = np.array([50.0, 50.0]), np.array([50.0, 50.0])
+    narrow = S.tv_two_sample(a, b)
+    honest = S.tv_two_sample(a, b, support_size=1000)
+    expected = 2 * S.tv_radius(100, 1000, 0.975)
+    assert honest.high == pytest.approx(min(1.0, expected))
+    assert honest.high > narrow.high
+    one = S.tv_one_sample(a, np.array([0.5, 0.5]), support_size=1000)
+    assert one.high == pytest.approx(min(1.0, S.tv_radius(100, 1000, 0.95)))
+    r = S.chisquare_homogeneity(a, b, support_size=1000)
+    assert r.tv.high == pytest.approx(honest.high)
+
+
+def test_softmax_tv_bound_scales_with_temperature_and_refuses_truncation() -> None:
+    """At temperature T the logits are divided by T, so a logit difference eps moves the
+    probabilities like eps / T: the bound at T = 0.5 equals the T = 1 bound at 2 eps, and
+    it holds on random rows. Under top-k / top-p there is no bound (1.0)."""
+    rng = np.random.default_rng(9)
+    eps, t = 0.1, 0.5
+    assert S.softmax_tv_bound(eps, 1, temperature=t) == pytest.approx(S.softmax_tv_bound(2 * eps))
+    worst = 0.0
+    for _ in range(300):
+        logits = rng.normal(size=20) * 3
+        delta = rng.choice([-eps, eps], size=20)
+        p = np.exp((logits - logits.max()) / t)
+        q = np.exp((logits + delta - (logits + delta).max()) / t)
+        worst = max(worst, S.tv_distance(p, q))
+    assert worst <= S.softmax_tv_bound(eps, 1, temperature=t)
+    # two tied tokens moved by +-eps at T = 0.1: TV = sigmoid(2 eps / T) - 1/2 = 0.381, above
+    # the T = 1 bound 1 - exp(-2 eps) = 0.181 (which the old bound would have claimed)
+    p2, q2 = np.exp(np.array([0.0, 0.0]) / 0.1), np.exp(np.array([eps, -eps]) / 0.1)
+    tv2 = S.tv_distance(p2, q2)
+    assert tv2 == pytest.approx(1 / (1 + math.exp(-2 * eps / 0.1)) - 0.5)
+    assert S.softmax_tv_bound(eps) < tv2 <= S.softmax_tv_bound(eps, temperature=0.1)
+    assert S.softmax_tv_bound(1e-6, 1, truncated=True) == 1.0
+    with pytest.raises(ValueError):
+        S.softmax_tv_bound(0.1, temperature=0.0)

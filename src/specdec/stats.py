@@ -105,36 +105,67 @@ class TvEstimate:
         return asdict(self)
 
 
-def tv_one_sample(counts: np.ndarray, probs: np.ndarray, confidence: float = 0.95) -> TvEstimate:
+def tv_one_sample(
+    counts: np.ndarray,
+    probs: np.ndarray,
+    confidence: float = 0.95,
+    *,
+    support_size: int | None = None,
+) -> TvEstimate:
     """TV between the distribution that generated ``counts`` [C] and the known ``probs`` [C]:
-    the plug-in estimate and an interval from ``tv_radius`` (triangle inequality)."""
+    the plug-in estimate and an interval from ``tv_radius`` (triangle inequality).
+
+    The radius grows with the size of the SUPPORT the data can fall in, not with the number
+    of categories observed: ``counts`` must list every possible category (zeros included),
+    or ``support_size`` must say how many there are (e.g. the vocabulary size)."""
     counts = np.asarray(counts, dtype=np.float64)
     n = float(counts.sum())
     est = tv_distance(counts, probs) if n > 0 else float("nan")
-    r = tv_radius(n, counts.shape[0], confidence)
+    c = max(counts.shape[0], support_size or 0)
+    r = tv_radius(n, c, confidence)
     return TvEstimate(est, max(0.0, est - r), min(1.0, est + r), confidence)
 
 
 def tv_two_sample(
-    counts_a: np.ndarray, counts_b: np.ndarray, confidence: float = 0.95
+    counts_a: np.ndarray,
+    counts_b: np.ndarray,
+    confidence: float = 0.95,
+    *,
+    support_size: int | None = None,
 ) -> TvEstimate:
     """TV between the distributions behind two count vectors [C] (same categories): the
     plug-in estimate and an interval whose radius is the sum of the two one-sample radii
-    (each at confidence 1 - (1 - confidence) / 2)."""
+    (each at confidence 1 - (1 - confidence) / 2).
+
+    As in ``tv_one_sample`` the radius must use the size of the support: when the vectors
+    list only the categories that were observed (a table built from the data), pass the true
+    ``support_size``; the interval computed from the observed categories alone is too narrow
+    (it would hold only for TV on categories chosen from the data)."""
     a = np.asarray(counts_a, dtype=np.float64)
     b = np.asarray(counts_b, dtype=np.float64)
     est = tv_distance(a, b) if a.sum() > 0 and b.sum() > 0 else float("nan")
     half = 1.0 - (1.0 - confidence) / 2
-    r = tv_radius(a.sum(), a.shape[0], half) + tv_radius(b.sum(), b.shape[0], half)
+    c = max(a.shape[0], support_size or 0)
+    r = tv_radius(a.sum(), c, half) + tv_radius(b.sum(), c, half)
     return TvEstimate(est, max(0.0, est - r), min(1.0, est + r), confidence)
 
 
-def softmax_tv_bound(eps: float, n_tokens: int = 1) -> float:
-    """Largest TV between two distributions of n-token sequences whose next-token rows come
-    from logits differing by at most eps (max abs) at every token: a token's probability
-    ratio lies in [e^(-2 eps), e^(2 eps)], a sequence's in [e^(-2 n eps), e^(2 n eps)], so
-    TV <= 1 - e^(-2 n eps)."""
-    return 1.0 - math.exp(-2.0 * n_tokens * max(0.0, eps))
+def softmax_tv_bound(
+    eps: float, n_tokens: int = 1, *, temperature: float = 1.0, truncated: bool = False
+) -> float:
+    """Largest TV between two distributions of n-token sequences whose next-token rows are
+    softmax(logits / temperature) of logits differing by at most eps (max abs) at every
+    token: the scaled logits differ by eps / T, a token's probability ratio lies in
+    [e^(-2 eps/T), e^(2 eps/T)], a sequence's in [e^(-2 n eps/T), e^(2 n eps/T)], so
+    TV <= 1 - e^(-2 n eps / T).
+
+    Under top-k / top-p truncation (``truncated``) there is no such bound: a tiny logit
+    change can move a token across the cut and its whole mass with it, so 1.0 is returned."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if truncated:
+        return 1.0
+    return 1.0 - math.exp(-2.0 * n_tokens * max(0.0, eps) / temperature)
 
 
 # ------------------------------------------------------------------ pooling
@@ -254,8 +285,12 @@ def chisquare_homogeneity(
     *,
     min_expected: float = MIN_EXPECTED,
     confidence: float = 0.95,
+    support_size: int | None = None,
 ) -> ChiSquareResult:
     """Pearson chi-square test of homogeneity on the 2 x C table [counts_a; counts_b].
+
+    ``support_size``: the number of possible categories when the vectors list only the
+    observed ones (for an honest TV interval; see ``tv_two_sample``).
 
     Null: the two samples are independent draws from one common distribution. Columns are
     pooled until every expected cell count is >= min_expected (using the column totals only,
@@ -266,7 +301,7 @@ def chisquare_homogeneity(
     if a.shape != b.shape:
         raise ValueError(f"count vectors differ in shape: {a.shape} vs {b.shape}")
     na, nb = float(a.sum()), float(b.sum())
-    tv = tv_two_sample(a, b, confidence)
+    tv = tv_two_sample(a, b, confidence, support_size=support_size)
     total = na + nb
     if na == 0 or nb == 0:
         return ChiSquareResult(
@@ -314,9 +349,11 @@ class CombinedResult:
 
 def combine_chisquare(results: Sequence[ChiSquareResult]) -> CombinedResult:
     """Combine independent tests (e.g. one per prompt) by summing statistics and dof."""
+    # an impossible observation (statistic inf, dof 0 from ``chisquare_gof``) rejects the joint
+    # null outright: look for it BEFORE dropping the strata that have nothing to test
+    if any(math.isinf(r.statistic) for r in results):
+        return CombinedResult(math.inf, sum(r.dof for r in results), 0.0, len(results))
     live = [r for r in results if r.dof > 0]
-    if any(math.isinf(r.statistic) for r in live):
-        return CombinedResult(math.inf, sum(r.dof for r in live), 0.0, len(results))
     stat = float(sum(r.statistic for r in live))
     dof = int(sum(r.dof for r in live))
     p = float(sps.chi2.sf(stat, dof)) if dof > 0 else 1.0

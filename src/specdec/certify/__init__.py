@@ -2,11 +2,14 @@
 lossless, at three levels (synthetic walk, mock models, the real setup), plus a
 batch-invariance probe. See docs/certify.md.
 
-Modules: synthetic (Level 1), mock_level (Level 2), real (Level 3), invariance (the probe),
-shape_matched (the batch-shape-matched plain baseline), prefix_cache, faults (deliberate
-bugs for self-tests), plan (quick / full sizes), runner, report, prompts, progress, seeds.
+Modules: synthetic (Level 1), mock_level (Level 2), real (Level 3), pertoken and pit (Level
+3's per-token test: model scoring, and the pure math), invariance (the probe), shape_matched
+(the batch-shape-matched plain baseline), prefix_cache, faults (deliberate bugs and faulty
+backends for self-tests), plan (quick / full sizes), runner, api (``certify_models``), report,
+prompts, progress, seeds.
 """
 
+from specdec.certify.api import certify_models
 from specdec.certify.invariance import InvarianceResult, batch_invariance
 from specdec.certify.mock_level import Level2Config, Level2Result, run_level2
 from specdec.certify.real import Level3Config, Level3Result, run_level3
@@ -26,6 +29,7 @@ __all__ = [
     "Level3Config",
     "Level3Result",
     "batch_invariance",
+    "certify_models",
     "run_certificate",
     "run_level1",
     "run_level2",

@@ -217,8 +217,8 @@ class Level2Result:
             f"sequences each, one seed per sequence) against the exactly computed distribution;"
             f" Holm at alpha {c.alpha:g}: {s['sampled_rejected']} rejected (min p "
             f"{fmt(s['sampled_min_p'])}); largest TV estimate {fmt(s['sampled_max_tv'])} "
-            f"(95 % upper bound {fmt(s['sampled_max_tv_upper'])}); every test detects a TV >= "
-            f"{fmt(s['min_detectable_tv_max'])} with 80 % power.",
+            f"(95 % upper bound {fmt(s['sampled_max_tv_upper'])}); every test detects a TV on "
+            f"its pooled categories >= {fmt(s['min_detectable_tv_max'])} with 80 % power.",
         ]
 
 

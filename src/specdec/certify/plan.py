@@ -23,21 +23,26 @@ class Plan:
 
 
 def quick_plan() -> Plan:
+    """Minutes: a smoke test (low power; up to 384 PIT values)."""
     return Plan(
         level1=Level1Config(),
         level2=Level2Config(greedy_prompts=4, greedy_ks=(0, 1, 2, 4, 6), sequences=1500),
         level3=Level3Config(
-            greedy_prompts=6,
+            greedy_prompts=3,
             greedy_max_new_tokens=32,
             probe_prompts=3,
             sampled_prompts=3,
-            seeds=60,
+            seeds=4,
+            sample_tokens=32,
+            plain_seeds=1,
         ),
-        prompts=6,
+        prompts=6,  # 3 greedy + 3 probe (disjoint); the per-token test uses the first 3
     )
 
 
 def full_plan() -> Plan:
+    """Hours on a 2-core CPU: per-token test on up to 11,520 PIT values (docs/certify.md;
+    the committed certificate uses a one-hour subset of this, stated there)."""
     return Plan(
         level1=Level1Config(
             exact_cases_per_cell=3, mc_vocabs=(32, 256, 2048), mc_trials=40_000, mc_min_count=200
@@ -48,9 +53,12 @@ def full_plan() -> Plan:
             greedy_max_new_tokens=128,
             probe_prompts=8,
             sampled_prompts=20,
-            seeds=300,
+            seeds=9,
+            sample_tokens=64,
+            plain_seeds=4,
+            power_trials=300,
         ),
-        prompts=48,
+        prompts=56,  # 48 greedy + 8 probe (disjoint); the per-token test uses the first 20
     )
 
 
@@ -66,7 +74,11 @@ def make_plan(
     seeds: int | None = None,
     n_prompts: int | None = None,
     max_new_tokens: int | None = None,
-    joint_tokens: int | None = None,
+    sample_tokens: int | None = None,
+    plain_seeds: int | None = None,
+    plain_tv_threshold: float | None = None,
+    greedy_prompts: int | None = None,
+    sampled_prompts: int | None = None,
     scale: float = 1.0,
 ) -> Plan:
     """The quick or full plan with the user's overrides (None keeps the plan's value).
@@ -83,8 +95,14 @@ def make_plan(
             raise ConfigError(f"{name} must be >= {0 if name == '-k' else 1}, got {v}")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    if joint_tokens is not None and joint_tokens < 1:
-        raise ConfigError(f"--joint-tokens must be >= 1, got {joint_tokens}")
+    if sample_tokens is not None and sample_tokens < 1:
+        raise ConfigError(f"--sample-tokens must be >= 1, got {sample_tokens}")
+    if plain_seeds is not None and plain_seeds < 0:
+        raise ConfigError(f"--plain-seeds must be >= 0, got {plain_seeds}")
+    if greedy_prompts is not None and greedy_prompts < 0:
+        raise ConfigError(f"--greedy-prompts must be >= 0, got {greedy_prompts}")
+    if plain_tv_threshold is not None and not 0.0 < plain_tv_threshold < 1.0:
+        raise ConfigError(f"--plain-tv-threshold must be in (0, 1), got {plain_tv_threshold}")
     if temperature is not None and temperature <= 0:
         raise ConfigError(
             f"--temperature must be > 0 for the sampled tests (greedy is always run), "
@@ -105,11 +123,21 @@ def make_plan(
     l2 = replace(p.level2, seed=seed, alpha=alpha, sequences=sc(p.level2.sequences, 50))
     l3 = p.level3
     n_total = p.prompts
+    if greedy_prompts is not None:
+        l3 = replace(l3, greedy_prompts=greedy_prompts)
+        n_total = greedy_prompts + l3.probe_prompts
+    if sampled_prompts is not None:
+        if sampled_prompts < 1:
+            raise ConfigError(f"--sampled-prompts must be >= 1, got {sampled_prompts}")
+        l3 = replace(l3, sampled_prompts=sampled_prompts)
+        n_total = max(n_total, sampled_prompts)
     if n_prompts is not None:
+        # n_prompts prompts in all: the probe takes the last ones when there is room for it
+        # apart from the greedy prompts, the per-token test the first ones
         n_total = n_prompts
         l3 = replace(
             l3,
-            greedy_prompts=n_prompts,
+            greedy_prompts=min(l3.greedy_prompts, n_prompts),
             probe_prompts=min(l3.probe_prompts, n_prompts),
             sampled_prompts=min(l3.sampled_prompts, n_prompts),
         )
@@ -121,9 +149,13 @@ def make_plan(
         temperature=l3.temperature if temperature is None else temperature,
         top_k=l3.top_k if top_k is None else top_k,
         top_p=l3.top_p if top_p is None else top_p,
-        seeds=seeds if seeds is not None else sc(l3.seeds, 10),
+        seeds=seeds if seeds is not None else sc(l3.seeds, 2),
         greedy_max_new_tokens=max_new_tokens or l3.greedy_max_new_tokens,
-        m=joint_tokens or l3.m,
+        sample_tokens=sample_tokens or l3.sample_tokens,
+        plain_seeds=l3.plain_seeds if plain_seeds is None else plain_seeds,
+        plain_tv_threshold=(
+            l3.plain_tv_threshold if plain_tv_threshold is None else plain_tv_threshold
+        ),
     )
     l3.sampling  # noqa: B018 - validates temperature / top-k / top-p (ConfigError)
     return Plan(l1, l2, l3, n_total)

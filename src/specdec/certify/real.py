@@ -1,81 +1,91 @@
 """Level 3: a given draft/target/backend setup (any CausalLM pair, e.g. from load_model).
 
-1. Batch-invariance probe of the target (``invariance.batch_invariance``): how far its logits
-   move between scoring n positions in one pass and one at a time.
+1. Batch-invariance probe of the target (``invariance.batch_invariance``) on its own prompts
+   (disjoint from the greedy prompts when there are enough): how far its logits move between
+   scoring n positions in one pass and one at a time, and whether truncate() is exact. A
+   rollback error > 0 FAILS the level: the KV cache is wrong after a rejection.
 2. Greedy agreement on each prompt between speculative decoding, plain decoding and the
    shape-matched plain baseline. Speculative vs shape-matched must agree bit for bit (same
    rows, same shapes). At a speculative vs plain divergence the target's row at that position
-   is recomputed both ways — replaying the speculative rounds' batch shapes, and one token
-   per pass as plain decoding feeds it — and the divergence is a "near-tie" when the top-2
-   logit gap in BOTH scorings is within the batch-invariance tie threshold (2 x the largest
-   logit difference measured, by the probe or at that very position), else a "real bug".
-3. Sampled two-sample tests. Unit: an independent sequence (its own seed; the methods use
-   disjoint seed streams, so nothing is paired). Variable: the first m generated tokens as
-   one categorical. Per prompt a chi-square test of homogeneity (rare categories pooled);
-   across prompts (a) Holm over the per-prompt tests at alpha / 2 and (b) the sum of the
-   per-prompt statistics (chi-square with the summed dof) at alpha / 2 — a difference is
-   declared when either rejects, so the family-wise level is alpha. Two comparisons, each
-   its own family: speculative vs plain (what a user sees), and speculative vs shape-matched
-   plain (the clean test of the decoder: same batch shapes, so backend batch variance can
-   neither fake nor hide a loss). Power: the smallest TV (on the pooled categories) detected
-   with 80 % probability, per prompt at the worst Holm level and for the combined test when
-   the difference is present at every prompt (noncentral chi-square approximation).
+   is recomputed both ways — replaying the speculative rounds' pass shapes, and one token per
+   pass — and the divergence is a "near-tie" only when (i) the replay reproduces it (each
+   emitted token is the argmax of its own scoring: the decoder did exactly what its rows
+   said) and (ii) the top-2 logit gap in both scorings is at most the tie threshold 2 x the
+   probe's max logit difference, a measurement made on other prompts and positions (never
+   the difference at the divergence itself, which would grow with the very error under test).
+   Anything else is a "real bug".
+3. Per-token test (``pertoken``, ``pit``): independent speculative sequences, every emitted
+   token turned into a randomised PIT value against (a) the shape-matched rows (the run's
+   own verify passes, checked against its output and, on a subset, reproduced by a full
+   replay: the clean test of the decoder, uniform under a correct walk whatever the
+   backend's numerics) and (b) plain one-token-per-pass rows; uniformity tested with
+   Anderson-Darling plus a binned chi-square (each at alpha / 2; (a) and (b) each their own
+   family at alpha). The
+   effect of batch-shape numerics on what users see is measured directly: the per-token TV
+   between the (a) and (b) rows at the positions the sequences visit, with a 95 % interval
+   over sequences. The verdict rule against plain decoding is fixed in advance: the upper
+   bound of that interval must stay below ``plain_tv_threshold`` (0.02), else losslessness
+   vs plain decoding FAILS with "batch-shape numerics" as the diagnosed cause.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from specdec.decoding import GenerationResult, RoundStats, generate, generate_stream
+from specdec.decoding import GenerationResult, generate
 from specdec.drafters.base import Drafter
-from specdec.models.base import CausalLM, extend_last
+from specdec.models.base import CausalLM
 from specdec.sampling import SamplingConfig
-from specdec.stats import (
-    ChiSquareResult,
-    chisquare_homogeneity,
-    combine_chisquare,
-    min_detectable_tv_combined,
-    softmax_tv_bound,
-)
+from specdec.stats import softmax_tv_bound
 
-from .common import FAIL, PASS, WARN, TestRecord, apply_holm, fmt
+from .common import FAIL, PASS, WARN, fmt
 from .invariance import InvarianceResult, batch_invariance
+from .pertoken import SequenceScore, plain_rows, replay_rows, score_sequence
+from .pit import PowerRow, UniformityResult, power_table, sequence_mean_interval, uniformity_test
 from .prefix_cache import PrefixReuseLM
 from .progress import ProgressLog
 from .seeds import derive_seed
-from .shape_matched import shape_matched_generate, shape_matched_stream
+from .shape_matched import shape_matched_generate
 
-METHODS = ("spec", "plain", "shape_matched")
-COMPARISONS = (("spec", "shape_matched"), ("spec", "plain"))
+PLAIN_TV_THRESHOLD = 0.02  # per-token TV vs plain decoding that a caveat may not exceed
 
 
 @dataclass(frozen=True)
 class Level3Config:
     k: int = 4
-    greedy_prompts: int = 6
+    greedy_prompts: int = 5
     greedy_max_new_tokens: int = 32
     probe_prompts: int = 3
     probe_ns: tuple[int, ...] = (2, 5, 9)
     sampled_prompts: int = 3
-    seeds: int = 60  # independent sequences per prompt and method
-    m: int = 2  # the first m generated tokens form the categorical variable
+    seeds: int = 8  # independent speculative sequences per prompt (per-token test)
+    sample_tokens: int = 32  # tokens per sequence (fewer at EOS)
+    plain_seeds: int | None = None  # sequences per prompt also scored one token per pass
+    plain_tv_threshold: float = PLAIN_TV_THRESHOLD
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
-    chunk: int = 20  # sequences per progress-log record
+    chunk: int = 4  # sequences per progress-log record
     alpha: float = 0.01
     power: float = 0.8
+    power_trials: int = 200  # simulations per TV when the power is computed
+    bins: int = 20
     seed: int = 0
 
     @property
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def n_plain(self) -> int:
+        return self.seeds if self.plain_seeds is None else min(self.seeds, self.plain_seeds)
 
 
 # ------------------------------------------------------------------ greedy
@@ -89,32 +99,12 @@ def replay_speculative_row(
     target: CausalLM,
     prompt: Sequence[int],
     tokens: Sequence[int],
-    rounds: Sequence[RoundStats],
+    rounds: Sequence[Any],
     index: int,
 ) -> torch.Tensor:
-    """The target's row [V] for generated position ``index`` computed in the speculative run's
-    shapes: prefill of prompt[:-1], then each round's pass over [last, K drafts] (accepted
-    drafts are known; rejected ones are replaced by filler tokens, which later rows only see),
-    with the same rollbacks."""
-    ctx = [int(t) for t in prompt]
-    if target.n_cached:
-        target.truncate(0)
-    if len(ctx) > 1:
-        extend_last(target, ctx[:-1])
-    pos = 0
-    for r in rounds:
-        accepted = [int(t) for t in tokens[pos : pos + r.n_accepted]]
-        nxt = pos + r.n_accepted
-        filler = int(tokens[nxt]) if nxt < len(tokens) else ctx[-1]  # rejected drafts unknown
-        drafts = accepted + [filler] * (r.k - len(accepted))
-        logits = target.extend([ctx[-1], *drafts])  # [K+1, V]
-        if pos <= index < pos + r.n_emitted:
-            return logits[index - pos]
-        if r.n_accepted < r.k:
-            target.truncate(len(ctx) + r.n_accepted)
-        ctx.extend(int(t) for t in tokens[pos : pos + r.n_emitted])
-        pos += r.n_emitted
-    raise ValueError(f"position {index} is not covered by the {len(rounds)} rounds")
+    """The target's row [V] for generated position ``index`` in the speculative run's shapes
+    (``pertoken.replay_rows``)."""
+    return replay_rows(target, prompt, tokens, rounds, upto=index)[index]
 
 
 def sequential_row(
@@ -122,15 +112,7 @@ def sequential_row(
 ) -> torch.Tensor:
     """The target's row [V] for generated position ``index`` as plain decoding computes it:
     prefill of prompt[:-1], then one token per pass."""
-    if target.n_cached:
-        target.truncate(0)
-    ctx = [int(t) for t in prompt]
-    if len(ctx) > 1:
-        extend_last(target, ctx[:-1])
-    row = target.extend([ctx[-1]])[0]
-    for t in tokens[:index]:
-        row = target.extend([int(t)])[0]
-    return row
+    return plain_rows(target, prompt, tokens, upto=index)[index]
 
 
 @dataclass
@@ -142,8 +124,8 @@ class Divergence:
     gap_single: float  # same row, one token per pass
     argmax_batched: int
     argmax_single: int
-    logit_diff: float  # max |batched - single| at this position
-    threshold: float  # 2 x max(probe max diff, logit_diff)
+    logit_diff: float  # max |batched - single| at this position (reported, not a tolerance)
+    threshold: float  # 2 x the probe's max |diff| (an independent measurement)
     reproduced: bool  # the two scorings' argmaxes are the two emitted tokens
     cause: str  # "near-tie" | "real bug"
 
@@ -171,9 +153,10 @@ def classify_divergence(
     spec: GenerationResult,
     plain_tokens: Sequence[int],
     index: int,
-    probe_max_abs: float,
+    tie_threshold: float,
 ) -> Divergence:
-    """Recompute the divergent position both ways and name the cause (module docstring)."""
+    """Recompute the divergent position both ways and name the cause (module docstring).
+    ``tie_threshold`` must come from an independent measurement (the probe)."""
     if index >= len(spec.tokens) or index >= len(plain_tokens):
         # one output is a prefix of the other: a stop (EOS) in one of them only
         idx = min(index, len(spec.tokens) - 1, len(plain_tokens) - 1)
@@ -182,11 +165,12 @@ def classify_divergence(
     b = replay_speculative_row(target, prompt, spec.tokens, spec.rounds, idx)
     s = sequential_row(target, prompt, spec.tokens, idx)
     diff = float((b - s).abs().max())
-    thr = 2.0 * max(probe_max_abs, diff)
     gb, gs = top2_gap(b), top2_gap(s)
     st = spec.tokens[index] if index < len(spec.tokens) else None
     pt = plain_tokens[index] if index < len(plain_tokens) else None
     ab, as_ = int(torch.argmax(b)), int(torch.argmax(s))
+    reproduced = ab == st and as_ == pt
+    tie = reproduced and max(gb, gs) <= tie_threshold
     return Divergence(
         index=index,
         spec_token=st,
@@ -196,9 +180,9 @@ def classify_divergence(
         argmax_batched=ab,
         argmax_single=as_,
         logit_diff=diff,
-        threshold=thr,
-        reproduced=(ab == st and as_ == pt),
-        cause="near-tie" if max(gb, gs) <= thr else "real bug",
+        threshold=tie_threshold,
+        reproduced=reproduced,
+        cause="near-tie" if tie else "real bug",
     )
 
 
@@ -207,7 +191,7 @@ def greedy_prompt(
     draft: CausalLM | Drafter,
     prompt: Sequence[int],
     cfg: Level3Config,
-    probe_max_abs: float,
+    tie_threshold: float,
     index: int,
 ) -> GreedyPrompt:
     t0 = time.perf_counter()
@@ -222,7 +206,7 @@ def greedy_prompt(
     div = (
         None
         if i is None
-        else classify_divergence(target, prompt, spec, plain.tokens, i, probe_max_abs)
+        else classify_divergence(target, prompt, spec, plain.tokens, i, tie_threshold)
     )
     return GreedyPrompt(
         prompt=index,
@@ -234,136 +218,101 @@ def greedy_prompt(
     )
 
 
-# ------------------------------------------------------------------ sampled
-def _first_tokens(stream: Iterator[Any], m: int) -> list[int]:
-    toks: list[int] = []
-    for ev in stream:
-        toks.extend(ev.tokens)
-        if len(toks) >= m:
-            break
-    return toks[:m]
-
-
-def sample_sequence(
-    method: str,
-    target: CausalLM,
-    draft: CausalLM | Drafter,
-    prompt: Sequence[int],
-    cfg: Level3Config,
-    seed: int,
-) -> list[int]:
-    """The first m tokens of one independent sequence of the given method (fewer at EOS)."""
-    # room for m + K tokens: no round before the m-th token has its K clamped, so every pass
-    # of the speculative and shape-matched paths has K + 1 positions
-    n_max = cfg.m + cfg.k
-    if method == "spec":
-        stream: Iterator[Any] = generate_stream(
-            target,
-            draft,
-            prompt,
-            max_new_tokens=n_max,
-            k=cfg.k,
-            sampling=cfg.sampling,
-            seed=seed,
-        )
-    elif method == "plain":
-        stream = generate_stream(
-            target, None, prompt, max_new_tokens=cfg.m, k=0, sampling=cfg.sampling, seed=seed
-        )
-    elif method == "shape_matched":
-        stream = shape_matched_stream(
-            target,
-            draft,
-            prompt,
-            max_new_tokens=n_max,
-            k=cfg.k,
-            sampling=cfg.sampling,
-            seed=seed,
-        )
-    else:
-        raise ValueError(f"unknown method {method!r}")
-    return _first_tokens(stream, cfg.m)
-
-
-def _table(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Count vectors [C] of two samples of token tuples over their union of categories."""
-    keys = sorted({tuple(x) for x in a} | {tuple(x) for x in b})
-    index = {k: i for i, k in enumerate(keys)}
-    ca, cb = np.zeros(len(keys)), np.zeros(len(keys))
-    for x in a:
-        ca[index[tuple(x)]] += 1
-    for x in b:
-        cb[index[tuple(x)]] += 1
-    return ca, cb
-
-
+# ------------------------------------------------------------------ per-token
 @dataclass
-class Comparison:
-    """Two-sample tests of one pair of methods over the prompts."""
+class PerTokenResult:
+    """The per-token test over all prompts (see the module docstring)."""
 
-    a: str
-    b: str
-    tests: list[TestRecord]  # per prompt, Holm at alpha / 2
-    combined_statistic: float
-    combined_dof: int
-    combined_p: float
-    combined_min_detectable_tv: float  # at alpha / 2, difference at every prompt
-    alpha: float
+    n_sequences: int
+    n_tokens: int
+    shape_matched: UniformityResult  # reference (a)
+    plain: UniformityResult | None  # reference (b)
+    n_plain_sequences: int
+    tv_plain: float  # mean per-token TV(replay row, plain row) over the scored sequences
+    tv_plain_low: float  # 95 % Student-t interval over sequences
+    tv_plain_high: float
+    tv_threshold: float
+    power_shape_matched: list[PowerRow]  # (b) is judged by its measured effect instead
+    order: str  # the token order of the PIT
+    mean_tokens_per_round: float
+    inconsistent_sequences: int = 0  # a verify pass was not the one the output implies
+    replay_max_abs: float = 0.0  # max |full replay - recorded rows| over replayed sequences
+    n_replayed: int = 0
 
     @property
-    def rejected(self) -> bool:
-        return self.combined_p <= self.alpha / 2 or any(t.rejected for t in self.tests)
+    def reference_broken(self) -> bool:
+        """The run's passes do not match its output, or the replay does not reproduce them:
+        the decoder fed the target something else than it claims (or the backend is not
+        deterministic), so reference (a) is not the rows that produced the tokens."""
+        return self.inconsistent_sequences > 0 or self.replay_max_abs > 0
 
     @property
-    def per_prompt_min_detectable_tv(self) -> float:
-        v = [t.min_detectable_tv for t in self.tests if np.isfinite(t.min_detectable_tv)]
-        return max(v) if v else float("nan")
+    def decoder_rejected(self) -> bool:
+        return self.shape_matched.rejected or self.reference_broken
+
+    @property
+    def plain_rejected(self) -> bool:
+        return self.plain is not None and self.plain.rejected
+
+    @property
+    def plain_effect_too_large(self) -> bool:
+        """The verdict rule against plain decoding (fixed in advance): FAIL when the upper
+        95 % bound of the measured per-token TV is not below the threshold."""
+        return not (self.tv_plain_high < self.tv_threshold) if self.plain is not None else False
+
+    @staticmethod
+    def worst_power(rows: Sequence[PowerRow]) -> float:
+        v = [r.min_detectable_tv for r in rows]
+        return max(v) if v and all(math.isfinite(x) for x in v) else math.nan
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["tests"] = [t.to_dict() for t in self.tests]
+        d["shape_matched"] = self.shape_matched.to_dict()
+        d["plain"] = self.plain.to_dict() if self.plain else None
         d.update(
-            rejected=self.rejected, per_prompt_min_detectable_tv=self.per_prompt_min_detectable_tv
+            decoder_rejected=self.decoder_rejected,
+            reference_broken=self.reference_broken,
+            plain_rejected=self.plain_rejected,
+            plain_effect_too_large=self.plain_effect_too_large,
+            min_detectable_tv_shape_matched=self.worst_power(self.power_shape_matched),
         )
         return d
 
-    def sentence(self) -> str:
-        n = sum(t.n_a for t in self.tests)
-        if self.combined_dof == 0:
-            return (
-                f"{self.a} vs {self.b}: untestable — with {n} sequences per method over "
-                f"{len(self.tests)} prompts every category had to be pooled into one; use "
-                "more --seeds."
-            )
-        verdict = "DIFFERENCE DETECTED" if self.rejected else "no difference detected"
-        return (
-            f"{self.a} vs {self.b}: {verdict} at alpha {self.alpha:g} "
-            f"({len(self.tests)} prompts, {n} sequences per method; combined chi2 "
-            f"{self.combined_statistic:.1f} on {self.combined_dof} dof, p = "
-            f"{fmt(self.combined_p)}; smallest per-prompt Holm-adjusted p = "
-            f"{fmt(min((t.adjusted_p for t in self.tests), default=1.0))}). This test would "
-            f"detect a TV >= {fmt(self.combined_min_detectable_tv)} present at every prompt, "
-            f"or >= {fmt(self.per_prompt_min_detectable_tv)} at any single prompt, with 80 % "
-            "power."
-        )
 
+def summarize_scores(
+    scores: Sequence[SequenceScore], cfg: Level3Config, order: str
+) -> PerTokenResult:
+    """Pool the sequences' PIT values (i.i.d. U(0, 1) under the null) and test them."""
+    u_a = np.array([u for s in scores for u in s.u_shape_matched], dtype=np.float64)
+    plain = [s for s in scores if s.u_plain is not None]
+    u_b = np.array([u for s in plain for u in (s.u_plain or [])], dtype=np.float64)
+    test_a = uniformity_test(u_a, cfg.alpha, cfg.bins)
+    test_b = uniformity_test(u_b, cfg.alpha, cfg.bins) if plain else None
+    tv = sequence_mean_interval([s.tv_plain for s in plain if s.tv_plain is not None], 0.95)
+    seed = derive_seed(cfg.seed, "l3", "power")
 
-def compare(
-    samples: dict[str, list[list[list[int]]]], a: str, b: str, cfg: Level3Config
-) -> Comparison:
-    """Per-prompt homogeneity tests of methods a vs b plus their combination."""
-    results: list[ChiSquareResult] = []
-    raw: list[TestRecord] = []
-    for pi, (sa, sb) in enumerate(zip(samples[a], samples[b], strict=True)):
-        ca, cb = _table(sa, sb)
-        r = chisquare_homogeneity(ca, cb)
-        results.append(r)
-        raw.append(TestRecord.from_test(f"prompt{pi}", r))
-    tests = apply_holm(raw, cfg.alpha / 2, cfg.power)
-    comb = combine_chisquare(results)
-    n_eff = [r.n_a * r.n_b / r.n for r in results if r.dof > 0]
-    mdt = min_detectable_tv_combined(n_eff, comb.dof, cfg.alpha / 2, cfg.power)
-    return Comparison(a, b, tests, comb.statistic, comb.dof, comb.pvalue, mdt, cfg.alpha)
+    def power(n: int) -> list[PowerRow]:
+        return power_table(n, cfg.alpha, cfg.power, cfg.power_trials, seed, cfg.bins)
+
+    rounds = sum(s.n_rounds for s in scores)
+    replayed = [s.replay_max_abs for s in scores if s.replay_max_abs is not None]
+    return PerTokenResult(
+        n_sequences=len(scores),
+        n_tokens=int(u_a.shape[0]),
+        shape_matched=test_a,
+        plain=test_b,
+        n_plain_sequences=len(plain),
+        tv_plain=tv[0],
+        tv_plain_low=tv[1],
+        tv_plain_high=tv[2],
+        tv_threshold=cfg.plain_tv_threshold,
+        power_shape_matched=power(test_a.n),
+        order=order,
+        mean_tokens_per_round=float(u_a.shape[0] / rounds) if rounds else math.nan,
+        inconsistent_sequences=sum(not s.consistent for s in scores),
+        replay_max_abs=max(replayed, default=0.0),
+        n_replayed=len(replayed),
+    )
 
 
 # ------------------------------------------------------------------ level
@@ -374,8 +323,9 @@ class Level3Result:
     target_label: str
     probe: InvarianceResult | None = None
     greedy: list[GreedyPrompt] = field(default_factory=list)
-    comparisons: list[Comparison] = field(default_factory=list)
+    pertoken: PerTokenResult | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    probe_overlaps_greedy: bool = False
 
     @property
     def real_bugs(self) -> list[GreedyPrompt]:
@@ -392,76 +342,113 @@ class Level3Result:
             g for g in self.greedy if g.divergence is not None and g.divergence.cause == "near-tie"
         ]
 
-    def comparison(self, a: str, b: str) -> Comparison | None:
-        return next((c for c in self.comparisons if (c.a, c.b) == (a, b)), None)
-
     @property
     def batch_invariant(self) -> bool:
         return self.probe is not None and self.probe.batch_invariant
 
-    def numerics_tv_bound(self, a: str, b: str) -> float:
-        """How large a TV between methods a and b the backend's measured numerics could
-        plausibly cause (a heuristic: ``softmax_tv_bound`` over the m tokens, with the probe's
-        max logit difference between the two ways the methods score a position — pass size
-        for spec vs plain, row index within equal-size passes for spec vs shape-matched)."""
-        if self.probe is None:
-            return 1.0  # unmeasured: numerics cannot be ruled out
-        eps = self.probe.row_offset_max_abs if b == "shape_matched" else self.probe.max_abs
-        return softmax_tv_bound(eps, self.config.m)
+    @property
+    def rollback_broken(self) -> bool:
+        return self.probe is not None and self.probe.rollback_max_abs > 0
 
-    def explained_by_numerics(self, c: Comparison) -> bool:
-        """A rejection is put down to numerics only when they could cause a TV of at least a
-        quarter of what the test detects with 80 % power (below that a rejection is unlikely:
-        the test's power there is close to its level)."""
-        mdt = c.combined_min_detectable_tv
-        return bool(np.isfinite(mdt)) and self.numerics_tv_bound(c.a, c.b) >= 0.25 * mdt
+    @property
+    def tie_threshold(self) -> float:
+        """2 x the probe's max logit difference (0 without a probe: every flip is a bug)."""
+        return self.probe.tie_threshold if self.probe is not None else 0.0
 
     @property
     def status(self) -> str:
-        """fail: a real greedy bug, or a sampled difference that the backend's measured numerics
-        cannot explain; warn: a sampled difference that they can (see ``notes``); else pass."""
-        if self.real_bugs:
+        """fail: rollback not exact, a real greedy bug, a per-token rejection against the
+        shape-matched replay, or a measured effect vs plain decoding at or above the
+        threshold; warn: outputs differ from plain decoding by a measured amount below the
+        threshold (a rejected per-token test vs plain, or greedy near-ties); else pass."""
+        pt = self.pertoken
+        if self.rollback_broken or self.real_bugs:
             return FAIL
-        for c in self.comparisons:
-            if c.rejected and not self.explained_by_numerics(c):
-                return FAIL
-        if any(c.rejected for c in self.comparisons):
+        if pt is not None and (pt.decoder_rejected or pt.plain_effect_too_large):
+            return FAIL
+        if self.near_ties or (pt is not None and pt.plain_rejected):
             return WARN
         return PASS
+
+    def probe_tv_bound_sentence(self) -> str:
+        """What the probe's max logit difference implies for the per-token TV between pass
+        shapes at the sampling settings (a cross-check of the measured effect, never an
+        excuse: logits move by eps, probabilities by eps / T; no bound under truncation)."""
+        c = self.config
+        if self.probe is None:
+            return ""
+        if c.top_k > 0 or c.top_p < 1.0:
+            return (
+                "Under top-k / top-p truncation the probe's logit difference bounds nothing "
+                "(a token can cross the cut): only the measured effect counts."
+            )
+        bound = softmax_tv_bound(self.probe.max_abs, 1, temperature=c.temperature)
+        return (
+            f"At T = {c.temperature:g} that difference bounds the per-token TV between pass "
+            f"shapes by {bound:.3g} (1 - exp(-2 eps / T)) at the probed positions."
+        )
 
     def notes(self) -> list[str]:
         """Why the status is what it is, in words (empty for a clean pass)."""
         out = []
+        if self.rollback_broken:
+            assert self.probe is not None
+            out.append(
+                f"Rollback is not exact: rescoring a token after truncate() moved its logits "
+                f"by {self.probe.rollback_max_abs:.3g} (must be 0). The cache is wrong after "
+                "every rejected draft: a backend bug."
+            )
         if self.real_bugs:
             out.append(
-                f"{len(self.real_bugs)} greedy divergence(s) cannot be explained by batch "
-                "variance (speculative output differs from the shape-matched baseline, or the "
-                "top-2 gap exceeds the near-tie threshold): a decoder bug."
+                f"{len(self.real_bugs)} greedy divergence(s) are not explained by batch "
+                "variance (speculative output differs from the shape-matched baseline, the "
+                "replay does not reproduce the flip, or the top-2 gap exceeds the near-tie "
+                f"threshold {self.tie_threshold:.3g} measured by the probe): a decoder bug."
             )
-        for c in self.comparisons:
-            if not c.rejected:
-                continue
-            bound = self.numerics_tv_bound(c.a, c.b)
-            what = (
-                "the row index within equal-size passes (which the shape-matched baseline does "
-                "not match)"
-                if c.b == "shape_matched"
-                else "the pass size (one token per pass in plain decoding)"
+        pt = self.pertoken
+        if pt is not None and pt.reference_broken:
+            out.append(
+                f"The speculative run's verify passes are not the ones its output implies "
+                f"({pt.inconsistent_sequences} sequence(s) with a pass at the wrong cache "
+                "position, with other tokens or of another size), or the shape-matched replay "
+                f"does not reproduce them (max logit difference {pt.replay_max_abs:.3g} over "
+                f"{pt.n_replayed} replayed sequences; must be 0): a decoder bug, or a backend "
+                "that is not deterministic."
             )
-            if self.explained_by_numerics(c):
+        if pt is not None and pt.shape_matched.rejected:
+            out.append(
+                "Per-token test against the shape-matched replay REJECTED (p = "
+                f"{fmt(pt.shape_matched.pvalue)}; {pt.shape_matched.impossible} tokens "
+                "impossible under their rows): the speculative tokens are not distributed as "
+                "the target rows of the passes that produced them. A decoder bug (no backend "
+                "numerics can cause this: the reference has the same pass shapes)."
+            )
+        if pt is not None and pt.plain is not None:
+            effect = (
+                f"measured per-token TV between the rows of the speculative passes and plain "
+                f"decoding's one-token rows: {fmt(pt.tv_plain)} (95 % interval "
+                f"[{fmt(pt.tv_plain_low)}, {fmt(pt.tv_plain_high)}] over "
+                f"{pt.n_plain_sequences} sequences), threshold {pt.tv_threshold:g} fixed in "
+                "advance"
+            )
+            if pt.plain_effect_too_large:
                 out.append(
-                    f"{c.a} and {c.b} sampling differ; this backend's logits depend on {what} "
-                    f"enough to cause a TV up to about {bound:.2g} over {self.config.m} "
-                    "token(s): numerics may explain it. A decoder bug cannot be excluded here; "
-                    "Levels 1-2 cover the decoder, a batch-invariant (fp32) backend removes the "
-                    "ambiguity."
+                    "Losslessness vs plain decoding FAILS: " + effect + ". Diagnosed cause: "
+                    "batch-shape numerics (the target's rows in multi-token passes differ from "
+                    "its one-token rows enough to move outputs beyond the threshold)."
                 )
-            else:
+            elif pt.plain_rejected:
                 out.append(
-                    f"{c.a} and {c.b} sampling differ, and this backend's measured numerics "
-                    f"(dependence on {what}) could cause a TV of at most about {bound:.2g}, "
-                    "far below what the test detects: a decoder bug."
+                    "Outputs differ from plain decoding (per-token test vs plain rows p = "
+                    f"{fmt(pt.plain.pvalue)}), by a small measured amount: " + effect + ". "
+                    "Cause: batch-shape numerics (the test against the shape-matched replay "
+                    "passes)."
                 )
+        if self.near_ties:
+            out.append(
+                f"{len(self.near_ties)} greedy output(s) differ from plain decoding at a "
+                "near-tie that the replay reproduces (batch-shape numerics flip the argmax)."
+            )
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -475,22 +462,31 @@ class Level3Result:
             "greedy_agree_shape_matched": sum(g.agree_shape_matched for g in self.greedy),
             "greedy_near_ties": len(self.near_ties),
             "greedy_real_bugs": len(self.real_bugs),
+            "tie_threshold": self.tie_threshold,
             "notes": self.notes(),
             "seconds": self.seconds,
         }
         if self.probe is not None:
             d["invariance_max_abs"] = self.probe.max_abs
-            d["invariance_tie_threshold"] = self.probe.tie_threshold
             d["invariance_argmax_flips"] = self.probe.argmax_flips
             d["invariance_row_offset_max_abs"] = self.probe.row_offset_max_abs
-        for c in self.comparisons:
-            d[f"{c.a}_vs_{c.b}"] = {
-                "rejected": c.rejected,
-                "combined_p": c.combined_p,
-                "min_adjusted_p": min((t.adjusted_p for t in c.tests), default=1.0),
-                "min_detectable_tv_every_prompt": c.combined_min_detectable_tv,
-                "min_detectable_tv_one_prompt": c.per_prompt_min_detectable_tv,
-                "sequences_per_method": sum(t.n_a for t in c.tests),
+            d["rollback_max_abs"] = self.probe.rollback_max_abs
+        pt = self.pertoken
+        if pt is not None:
+            d["pertoken"] = {
+                "sequences": pt.n_sequences,
+                "tokens": pt.n_tokens,
+                "shape_matched_p": pt.shape_matched.pvalue,
+                "shape_matched_rejected": pt.decoder_rejected,
+                "reference_broken": pt.reference_broken,
+                "replay_max_abs": pt.replay_max_abs,
+                "min_detectable_tv_shape_matched": pt.worst_power(pt.power_shape_matched),
+                "plain_p": pt.plain.pvalue if pt.plain else None,
+                "plain_rejected": pt.plain_rejected,
+                "tv_plain": pt.tv_plain,
+                "tv_plain_high": pt.tv_plain_high,
+                "tv_threshold": pt.tv_threshold,
+                "plain_effect_too_large": pt.plain_effect_too_large,
             }
         return d
 
@@ -499,8 +495,9 @@ class Level3Result:
             "summary": self.summary(),
             "config": asdict(self.config),
             "probe": self.probe.to_dict() if self.probe else None,
+            "probe_overlaps_greedy": self.probe_overlaps_greedy,
             "greedy": [asdict(g) for g in self.greedy],
-            "comparisons": [c.to_dict() for c in self.comparisons],
+            "pertoken": self.pertoken.to_dict() if self.pertoken else None,
         }
 
     def shown(self) -> list[str]:
@@ -510,8 +507,10 @@ class Level3Result:
             lines.append(
                 f"Batch invariance of the target: max |logit diff| {p.max_abs:.3g} between one "
                 f"pass of n in {p.ns} tokens and one token per pass ({p.argmax_flips} argmax "
-                f"flips); near-tie threshold {p.tie_threshold:.3g}; rollback exact to "
-                f"{p.rollback_max_abs:.2g}."
+                f"flips) on {p.n_prompts} prompt(s)"
+                + (" (shared with the greedy prompts)" if self.probe_overlaps_greedy else "")
+                + f"; near-tie threshold {p.tie_threshold:.3g}; rollback error "
+                f"{p.rollback_max_abs:.2g} (must be 0). " + self.probe_tv_bound_sentence()
             )
         if self.greedy:
             n = len(self.greedy)
@@ -528,25 +527,66 @@ class Level3Result:
                     text += (
                         f" Prompt {g.prompt} diverges at token {dv.index}: a {dv.cause} (top-2 "
                         f"gap {dv.gap_batched:.3g} batched / {dv.gap_single:.3g} one-at-a-time "
-                        f"vs threshold {dv.threshold:.3g}"
-                        + (", flip reproduced" if dv.reproduced else "")
+                        f"vs threshold {dv.threshold:.3g}; "
+                        + ("flip reproduced by the replay" if dv.reproduced else "NOT reproduced")
                         + ")."
                     )
             lines.append(text)
-        if self.comparisons:
+        pt = self.pertoken
+        if pt is not None:
             c = self.config
             lines.append(
-                f"Sampled design (fixed before running): unit = one independent sequence (own "
-                f"seed, disjoint seed streams per method); variable = the first {c.m} generated "
-                f"token(s) as one category; T = {c.temperature:g}, top-k {c.top_k}, top-p "
-                f"{c.top_p:g}, K = {c.k}; null = the two methods' sequences have the same "
-                "distribution; test = per-prompt chi-square homogeneity (pooled to expected "
-                f"counts >= 5), Holm over prompts at {c.alpha / 2:g} plus the combined "
-                f"chi-square at {c.alpha / 2:g} (family-wise alpha {c.alpha:g}); power = the "
-                "smallest TV detected with 80 % probability."
+                "Per-token design (fixed before running): unit = one independent speculative "
+                f"sequence (own seed) of up to {c.sample_tokens} tokens, {c.seeds} per prompt "
+                f"on {c.sampled_prompts} prompt(s); every token x_t becomes U_t = F_t(x_t-) + "
+                "V_t P_t(x_t) with P_t the reference row, tokens ordered by "
+                f"{pt.order}, V_t from a separate generator; under the null the U_t are "
+                "i.i.d. U(0, 1). Test: Anderson-Darling and a chi-square in "
+                f"{c.bins} bins, each at {c.alpha / 2:g} (family-wise alpha {c.alpha:g} per "
+                f"reference). T = {c.temperature:g}, top-k {c.top_k}, top-p {c.top_p:g}, "
+                f"K = {c.k}."
             )
-        lines += [c.sentence() for c in self.comparisons]
+            a = pt.shape_matched
+            lines.append(
+                "(a) vs the rows of the run's own passes "
+                f"({pt.n_sequences - pt.inconsistent_sequences}/{pt.n_sequences} sequences' "
+                "passes match their "
+                f"output; the full shape-matched replay of {pt.n_replayed} sequences "
+                f"reproduces them to {pt.replay_max_abs:.2g}): {pt.n_tokens} tokens "
+                f"({pt.mean_tokens_per_round:.2f} per round); AD p = {fmt(a.ad_pvalue)}, "
+                f"chi-square p = {fmt(a.chi2_pvalue)}: "
+                + ("REJECTED" if a.rejected else "not rejected")
+                + f" at {c.alpha:g}. Power (simulated, {c.power_trials} trials per TV): a "
+                "per-token TV present at every token is detected with 80 % probability from "
+                + ", ".join(
+                    f"{fmt(r.min_detectable_tv)} ({r.alternative})" for r in pt.power_shape_matched
+                )
+                + "."
+            )
+            if pt.plain is not None:
+                b = pt.plain
+                lines.append(
+                    f"(b) vs plain one-token-per-pass rows: {b.n} tokens from "
+                    f"{pt.n_plain_sequences} sequences; AD p = {fmt(b.ad_pvalue)}, chi-square "
+                    f"p = {fmt(b.chi2_pvalue)}: "
+                    + ("REJECTED" if b.rejected else "not rejected")
+                    + f". Measured effect of the backend's batch-shape numerics: per-token TV "
+                    f"{fmt(pt.tv_plain)} (95 % interval [{fmt(pt.tv_plain_low)}, "
+                    f"{fmt(pt.tv_plain_high)}]); rule fixed in advance: the upper bound must "
+                    f"be below {pt.tv_threshold:g}, else losslessness vs plain decoding FAILS."
+                )
         return lines
+
+
+def _probe_prompts(
+    prompts: Sequence[Sequence[int]], cfg: Level3Config
+) -> tuple[list[Sequence[int]], bool]:
+    """The probe's prompts: the last ones when there are enough to keep them apart from the
+    greedy prompts (so the near-tie threshold is measured independently), else the first."""
+    n = min(cfg.probe_prompts, len(prompts))
+    if len(prompts) >= cfg.greedy_prompts + n:
+        return list(prompts[len(prompts) - n :]), False
+    return list(prompts[:n]), True
 
 
 def run_level3(
@@ -558,7 +598,7 @@ def run_level3(
     draft_label: str = "draft",
     target_label: str = "target",
     log: ProgressLog | None = None,
-    parts: Sequence[str] = ("probe", "greedy", "sampled"),
+    parts: Sequence[str] = ("probe", "greedy", "pertoken"),
     progress: Callable[[str], None] | None = None,
 ) -> Level3Result:
     """Run the parts of Level 3 on a model pair (prompts as token ids); ``progress``
@@ -567,12 +607,10 @@ def run_level3(
     res = Level3Result(cfg, draft_label, target_label)
     if "probe" in parts:
         t0 = time.perf_counter()
-        res.probe = batch_invariance(
-            target, list(prompts[: cfg.probe_prompts]), ns=cfg.probe_ns, label=target_label
-        )
+        probe_ids, res.probe_overlaps_greedy = _probe_prompts(prompts, cfg)
+        res.probe = batch_invariance(target, probe_ids, ns=cfg.probe_ns, label=target_label)
         res.seconds["probe"] = time.perf_counter() - t0
         say(f"probe: max |logit diff| {res.probe.max_abs:.3g} ({res.seconds['probe']:.0f} s)")
-    probe_max = res.probe.max_abs if res.probe is not None else 0.0
     # from here on the models are only used through the wrappers (the probe used them bare)
     d: CausalLM | Drafter = PrefixReuseLM(draft) if isinstance(draft, CausalLM) else draft
     t = PrefixReuseLM(target)
@@ -585,7 +623,7 @@ def run_level3(
                 div = Divergence(**done["divergence"]) if done["divergence"] else None
                 res.greedy.append(GreedyPrompt(**{**done, "divergence": div}))
                 continue
-            g = greedy_prompt(t, d, ids, cfg, probe_max, i)
+            g = greedy_prompt(t, d, ids, cfg, res.tie_threshold, i)
             res.greedy.append(g)
             what = "agrees" if g.divergence is None else f"diverges ({g.divergence.cause})"
             n_greedy = min(len(prompts), cfg.greedy_prompts)
@@ -593,31 +631,43 @@ def run_level3(
             if log:
                 log.put(key, asdict(g))
         res.seconds["greedy"] = time.perf_counter() - t0
-    if "sampled" in parts:
+    if "pertoken" in parts:
         t0 = time.perf_counter()
-        samples: dict[str, list[list[list[int]]]] = {m: [] for m in METHODS}
-        for i, ids in enumerate(prompts[: cfg.sampled_prompts]):
-            for method in METHODS:
-                seqs: list[list[int]] = []
-                for c0 in range(0, cfg.seeds, cfg.chunk):
-                    key = f"l3/sampled/{method}/{i}/{c0}"
-                    done = log.get(key) if log else None
-                    if done is None:
-                        done = [
-                            sample_sequence(
-                                method, t, d, ids, cfg, derive_seed(cfg.seed, "l3", method, i, s)
-                            )
-                            for s in range(c0, min(cfg.seeds, c0 + cfg.chunk))
-                        ]
-                        if log:
-                            log.put(key, done)
-                        say(
-                            f"sampled prompt {i + 1}/{min(len(prompts), cfg.sampled_prompts)}, "
-                            f"{method}: {c0 + len(done)}/{cfg.seeds} sequences "
-                            f"({time.perf_counter() - t0:.0f} s)"
-                        )
-                    seqs.extend(done)
-                samples[method].append(seqs)
-        res.comparisons = [compare(samples, a, b, cfg) for a, b in COMPARISONS]
-        res.seconds["sampled"] = time.perf_counter() - t0
+        order_model: CausalLM | None = d if isinstance(d, CausalLM) else None
+        inner = getattr(draft, "model", None)
+        if order_model is None and isinstance(inner, CausalLM):
+            order_model = inner
+        order = "draft row / target row (q / P)" if order_model is not None else "-P"
+        scores: list[SequenceScore] = []
+        n_prompts = min(len(prompts), cfg.sampled_prompts)
+        for i, ids in enumerate(prompts[:n_prompts]):
+            for c0 in range(0, cfg.seeds, cfg.chunk):
+                key = f"l3/pertoken/{i}/{c0}"
+                done = log.get(key) if log else None
+                if done is None:
+                    done = [
+                        score_sequence(
+                            t,
+                            d,
+                            order_model,
+                            ids,
+                            k=cfg.k,
+                            max_new_tokens=cfg.sample_tokens,
+                            sampling=cfg.sampling,
+                            seed=derive_seed(cfg.seed, "l3", "spec", i, s),
+                            pit_seed=derive_seed(cfg.seed, "l3", "pit", i, s),
+                            with_plain=s < cfg.n_plain,
+                        ).to_dict()
+                        for s in range(c0, min(cfg.seeds, c0 + cfg.chunk))
+                    ]
+                    if log:
+                        log.put(key, done)
+                    say(
+                        f"per-token prompt {i + 1}/{n_prompts}: "
+                        f"{c0 + len(done)}/{cfg.seeds} sequences "
+                        f"({time.perf_counter() - t0:.0f} s)"
+                    )
+                scores.extend(SequenceScore(**x) for x in done)
+        res.pertoken = summarize_scores(scores, cfg, order)
+        res.seconds["pertoken"] = time.perf_counter() - t0
     return res

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from specdec.models.loader import ModelConfig
 from specdec.prompting import encode_prompt
 
 from .common import torch_threads
-from .faults import injected_fault
+from .faults import fault_models, injected_fault
 from .invariance import batch_invariance
 from .mock_level import run_level2
 from .plan import Plan
@@ -83,12 +83,25 @@ def runtime_info(model: object) -> dict[str, str] | None:
     return info
 
 
-def _encode_all(target: CausalLM, texts: list[str], chat: str) -> list[list[int]]:
+def _encode_all(
+    target: CausalLM, texts: Sequence[str | Sequence[int]], chat: str
+) -> list[list[int]]:
+    """Token ids for each prompt: texts are encoded (with the chat template per ``chat``),
+    token-id lists are taken as they are."""
     has_template = getattr(target.tokenizer, "apply_chat", None) is not None
     if chat == "on" and not has_template:
         raise ConfigError("--chat on: the target has no chat template")
     use_chat = chat == "on" or (chat == "auto" and has_template)
-    return [encode_prompt(target, t, chat=use_chat) for t in texts]
+    out = []
+    for t in texts:
+        if isinstance(t, str):
+            out.append(encode_prompt(target, t, chat=use_chat))
+        else:
+            ids = [int(x) for x in t]
+            if not ids:
+                raise ConfigError("a prompt given as token ids is empty")
+            out.append(ids)
+    return out
 
 
 def run_certificate(
@@ -96,11 +109,14 @@ def run_certificate(
     loader: Loader | None = None,
     *,
     progress: Callable[[str], None] | None = None,
+    prompts: Sequence[str | Sequence[int]] | None = None,
 ) -> Certificate:
     """Run the levels in cfg.levels; write certificate.json/.md into cfg.out_dir if set.
 
     loader() returns (draft or drafter, target) and is called only when Level 3 or the probe
-    runs. ``progress`` receives one-line status messages (the CLI prints them to stderr).
+    runs; a backend fault named in cfg.fault is applied to what it returns. ``prompts`` (texts
+    or token-id lists) replace cfg.prompts_source. ``progress`` receives one-line status
+    messages (the CLI prints them to stderr).
     """
     say = progress or (lambda _msg: None)
     header = cfg.header()
@@ -136,11 +152,19 @@ def run_certificate(
             if loader is None:
                 raise ConfigError("level 3 and the probe need models (--draft and --target)")
             say(f"loading models: draft {cfg.draft}, target {cfg.target} ...")
-            draft, target = loader()
-            cert.header["draft_runtime"] = runtime_info(draft)
-            cert.header["target_runtime"] = runtime_info(target)
+            loaded_draft, loaded_target = loader()
+            cert.header["draft_runtime"] = runtime_info(loaded_draft)
+            cert.header["target_runtime"] = runtime_info(loaded_target)
+            draft: CausalLM | Drafter | None = loaded_draft
+            target = loaded_target
+            if cfg.fault is not None and loaded_draft is not None:
+                draft, target = fault_models(cfg.fault, loaded_draft, loaded_target)
             n = cfg.plan.prompts
-            texts, where = load_prompt_texts(cfg.prompts_source, n)
+            if prompts is not None:
+                texts: Sequence[str | Sequence[int]] = list(prompts)
+                where = "the caller"
+            else:
+                texts, where = load_prompt_texts(cfg.prompts_source, n)
             ids = _encode_all(target, texts, cfg.chat)
             cert.header["prompts"] = (
                 f"{len(ids)} from {where} ({min(map(len, ids))}-{max(map(len, ids))} tokens)"
@@ -149,7 +173,7 @@ def run_certificate(
             if "3" in cfg.levels:
                 if draft is None:
                     raise ConfigError("level 3 needs a draft (a model or 'ngram'), not 'none'")
-                say("level 3: probe, greedy agreement and sampled tests on the real setup ...")
+                say("level 3: probe, greedy agreement and the per-token test on the real setup ...")
                 cert.level3 = run_level3(
                     draft,
                     target,

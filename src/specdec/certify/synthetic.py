@@ -332,7 +332,8 @@ class Level1Result:
             f"{s['mc_rejected']} rejected (min p {fmt(s['mc_min_p'])}); at the first "
             f"position (every round) the largest TV estimate is {fmt(s['mc_pos1_max_tv'])}, "
             f"95 % upper bound {fmt(s['mc_pos1_max_tv_upper'])}; each test detects a "
-            f"TV >= {fmt(s['mc_min_detectable_tv_median'])} (median; worst "
+            "TV on its pooled categories >= "
+            f"{fmt(s['mc_min_detectable_tv_median'])} (median; worst "
             f"{fmt(s['mc_min_detectable_tv_max'])}) with 80 % power.",
         ]
         return lines

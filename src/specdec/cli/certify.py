@@ -10,6 +10,19 @@ from pathlib import Path
 from specdec.cli import command_help
 from specdec.cli.common import add_model_args, model_configs, quiet_libraries
 
+# specdec.certify.faults.ALL_FAULTS (not imported here: it pulls in torch at CLI start-up;
+# a test checks that the two agree)
+FAULT_CHOICES = (
+    "residual-is-p",
+    "always-accept",
+    "residual-is-p-after-first-round",
+    "wrong-rows",
+    "stale-rollback",
+    "position-after-truncate",
+    "wrong-q",
+    "noisy-numerics",
+)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -17,9 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=command_help("certify"),
         description="Level 1: the accept/reject walk on synthetic distributions (exact and "
         "Monte Carlo). Level 2: the decoding loop on mock models with exactly known "
-        "distributions. Level 3: the real draft/target/backend setup (greedy agreement, "
-        "sampled two-sample tests against plain and shape-matched plain decoding, "
-        "batch-invariance probe). Writes certificate.json and certificate.md.",
+        "distributions. Level 3: the real draft/target/backend setup (batch-invariance "
+        "probe, greedy agreement, a per-token test of every sampled token against the "
+        "shape-matched replay and against plain decoding). Writes certificate.json and "
+        "certificate.md.",
     )
     p.add_argument(
         "--levels",
@@ -55,23 +69,46 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--n-prompts",
         type=int,
         default=None,
-        help="Level 3 greedy prompts (quick 6, full 48); the probe and the sampled tests use "
-        "at most this many (quick 3 / 3, full 8 / 20)",
+        help="Level 3 prompts in all (quick 6, full 56): greedy on the first (quick 3, full "
+        "48), the probe on the last (3 / 8), the per-token test on the first (3 / 20)",
+    )
+    p.add_argument(
+        "--greedy-prompts", type=int, default=None, help="Level 3 greedy prompts (3 / 48)"
+    )
+    p.add_argument(
+        "--sampled-prompts",
+        type=int,
+        default=None,
+        help="Level 3 per-token test: prompts (quick 3, full 20)",
     )
     p.add_argument(
         "--seeds",
         type=int,
         default=None,
-        help="Level 3: independent sequences per prompt and method (quick 60, full 300)",
+        help="Level 3 per-token test: independent speculative sequences per prompt (4 / 9)",
+    )
+    p.add_argument(
+        "--sample-tokens",
+        type=int,
+        default=None,
+        help="Level 3 per-token test: tokens per sequence (quick 32, full 64)",
+    )
+    p.add_argument(
+        "--plain-seeds",
+        type=int,
+        default=None,
+        help="Level 3 per-token test: sequences per prompt also scored one token per pass "
+        "against plain decoding (quick 1, full 4)",
+    )
+    p.add_argument(
+        "--plain-tv-threshold",
+        type=float,
+        default=None,
+        help="largest per-token TV vs plain decoding (upper 95 %% bound) that is a caveat "
+        "rather than a FAIL (0.02; fixed before running)",
     )
     p.add_argument(
         "--max-new-tokens", type=int, default=None, help="Level 3 greedy length (32 / 128)"
-    )
-    p.add_argument(
-        "--joint-tokens",
-        type=int,
-        default=None,
-        help="Level 3: the first m generated tokens form one categorical unit (2)",
     )
     p.add_argument(
         "--chat",
@@ -93,9 +130,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--inject-fault",
-        choices=("residual-is-p", "always-accept"),
+        choices=FAULT_CHOICES,
         default=None,
-        help="self-test: break the accept/reject walk on purpose; the certificate must FAIL",
+        help="self-test: break the walk or wrap the models in a faulty backend on purpose "
+        "(the certificate must FAIL), or 'noisy-numerics' (a correct backend with "
+        "shape-dependent logit noise: must not FAIL); see docs/certify.md",
     )
     add_model_args(p)
     p.set_defaults(func=run)
@@ -115,7 +154,11 @@ def _command(args: argparse.Namespace) -> str:
         ("--n-prompts", "n_prompts"),
         ("--seeds", "seeds"),
         ("--max-new-tokens", "max_new_tokens"),
-        ("--joint-tokens", "joint_tokens"),
+        ("--greedy-prompts", "greedy_prompts"),
+        ("--sampled-prompts", "sampled_prompts"),
+        ("--sample-tokens", "sample_tokens"),
+        ("--plain-seeds", "plain_seeds"),
+        ("--plain-tv-threshold", "plain_tv_threshold"),
         ("--inject-fault", "inject_fault"),
     ):
         v = getattr(args, name)
@@ -148,7 +191,11 @@ def run(args: argparse.Namespace) -> int:
         seeds=args.seeds,
         n_prompts=args.n_prompts,
         max_new_tokens=args.max_new_tokens,
-        joint_tokens=args.joint_tokens,
+        sample_tokens=args.sample_tokens,
+        plain_seeds=args.plain_seeds,
+        plain_tv_threshold=args.plain_tv_threshold,
+        greedy_prompts=args.greedy_prompts,
+        sampled_prompts=args.sampled_prompts,
         scale=args.scale,
     )
     needs_models = "3" in levels or "probe" in levels

@@ -1,0 +1,241 @@
+"""Level 3's per-token test on a real (or mock) model pair.
+
+For each of several independently seeded speculative sequences x_1..x_n (``generate``), the
+target's next-token row for every emitted position is obtained two ways:
+
+(a) shape-matched: the rows of the run's own verify passes (recorded as the target returned
+    them; ``recorded_rows`` checks that each pass is exactly the one the output implies —
+    cache length, [last, accepted drafts], K + 1 positions — so these are the rows of the
+    shape-matched replay without a second pass). On the sequences also scored against plain
+    decoding the full replay (``replay_rows``: prefill, then each round's pass over [last,
+    accepted drafts, filler] with the run's rollbacks) is computed too and must reproduce
+    the recorded rows bit for bit. Under a correct walk x_t is distributed as its row given
+    everything before it (module ``pit``), so the PIT values must be uniform whatever the
+    backend's batch-shape numerics.
+(b) plain one-token-per-pass scoring (``plain_rows``): the rows plain decoding samples from.
+    The PIT test against them shows whether the user sees plain decoding's distribution; the
+    EFFECT of the difference is measured directly as the per-token TV between the (a) and (b)
+    rows (mean over positions of a sequence; the sequences are the independent units).
+
+Both use the same auxiliary uniforms V_t (a generator seeded for this purpose only) and the
+same token order (draft row / reference row, from one pass of the draft model over the
+sequence; -reference row without a draft model). Everything a sequence contributes is a
+plain dict (``SequenceScore``) so that the progress log can store and resume it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from specdec.decoding import RoundStats, generate
+from specdec.drafters.base import Drafter
+from specdec.models.base import CausalLM, Tokenizer, extend_last
+from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
+
+from .pit import draw_v, order_keys, pit_values
+
+PIT_CHUNK = 16  # rows per PIT computation (bounds memory at [16, V] float64 temporaries)
+
+
+def _prefill(model: CausalLM, prompt: Sequence[int]) -> list[int]:
+    """Cache = prompt[:-1] (from scratch; a prefix-reusing wrapper serves it from memory)."""
+    ctx = [int(t) for t in prompt]
+    if model.n_cached:
+        model.truncate(0)
+    if len(ctx) > 1:
+        extend_last(model, ctx[:-1])
+    return ctx
+
+
+def replay_rows(
+    target: CausalLM,
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    rounds: Sequence[RoundStats],
+    upto: int | None = None,
+) -> torch.Tensor:
+    """The target's rows [n, V] for the generated positions 0..n-1 (n = len(tokens), or
+    upto + 1) computed in the speculative run's shapes: prefill of prompt[:-1], then each
+    round's pass over [last, K drafts] (accepted drafts are known; rejected ones are replaced
+    by the emitted correction, which only later rows of that pass see), with the same
+    rollbacks."""
+    n = len(tokens) if upto is None else upto + 1
+    ctx = _prefill(target, prompt)
+    pos = 0
+    out: list[torch.Tensor] = []
+    for r in rounds:
+        if pos >= n:
+            break
+        accepted = [int(t) for t in tokens[pos : pos + r.n_accepted]]
+        nxt = pos + r.n_accepted
+        filler = int(tokens[nxt]) if nxt < len(tokens) else ctx[-1]  # rejected drafts unknown
+        drafts = accepted + [filler] * (r.k - len(accepted))
+        logits = target.extend([ctx[-1], *drafts])  # [K+1, V]
+        out.append(logits[: r.n_emitted])
+        if r.n_accepted < r.k:
+            target.truncate(len(ctx) + r.n_accepted)
+        ctx.extend(int(t) for t in tokens[pos : pos + r.n_emitted])
+        pos += r.n_emitted
+    if pos < n:
+        raise ValueError(f"position {n - 1} is not covered by the {len(rounds)} rounds")
+    return torch.cat(out)[:n]  # [n, V]
+
+
+def plain_rows(
+    target: CausalLM, prompt: Sequence[int], tokens: Sequence[int], upto: int | None = None
+) -> torch.Tensor:
+    """The target's rows [n, V] for positions 0..n-1 as plain decoding computes them:
+    prefill of prompt[:-1], then one token per pass."""
+    n = len(tokens) if upto is None else upto + 1
+    ctx = _prefill(target, prompt)
+    feed = [ctx[-1], *(int(t) for t in tokens[: n - 1])]
+    return torch.cat([target.extend([t]) for t in feed])  # [n, V]
+
+
+def draft_rows(draft: CausalLM, prompt: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
+    """The draft model's rows [n, V] for positions 0..n-1 in one pass (only an order key:
+    any function of x_<t keeps the PIT exact, so batch numerics do not matter here)."""
+    ctx = _prefill(draft, prompt)
+    return draft.extend([ctx[-1], *(int(t) for t in tokens[:-1])])  # [n, V]
+
+
+class RecordingLM:
+    """A CausalLM that passes every call through and keeps (cache length before, tokens,
+    returned logits) of each extend: the rows the decoder actually verified against."""
+
+    def __init__(self, model: CausalLM) -> None:
+        self.model = model
+        self.vocab_size = model.vocab_size
+        self.eos_token_ids = model.eos_token_ids
+        self.n_ctx = model.n_ctx
+        self.passes: list[tuple[int, list[int], torch.Tensor]] = []
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.model.tokenizer
+
+    @property
+    def n_cached(self) -> int:
+        return self.model.n_cached
+
+    def truncate(self, n_keep: int) -> None:
+        self.model.truncate(n_keep)
+
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        start = self.model.n_cached
+        out = extend_last(self.model, tokens) if last_only else self.model.extend(tokens)
+        self.passes.append((start, [int(t) for t in tokens], out))
+        return out
+
+
+def recorded_rows(
+    passes: Sequence[tuple[int, list[int], torch.Tensor]],
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    rounds: Sequence[RoundStats],
+) -> tuple[torch.Tensor, bool]:
+    """The rows [n, V] the run verified against for the generated positions 0..n-1, taken
+    from the recorded passes (one per round, the last len(rounds) ones), and whether every
+    such pass is the one the output implies: it starts at cache length len(context) - 1, is
+    [context[-1], the accepted drafts, ...] and has K + 1 positions. When it is, these rows
+    equal ``replay_rows`` on a deterministic backend without a second pass."""
+    ctx = [int(t) for t in prompt]
+    run = passes[len(passes) - len(rounds) :]
+    consistent = len(run) == len(rounds)
+    out: list[torch.Tensor] = []
+    pos = 0
+    for (start, fed, logits), r in zip(run, rounds, strict=False):
+        # accepted drafts that were emitted (an EOS among them cuts the output short)
+        accepted = [int(t) for t in tokens[pos : pos + min(r.n_accepted, r.n_emitted)]]
+        consistent &= (
+            start == len(ctx) - 1
+            and len(fed) == r.k + 1
+            and fed[: 1 + len(accepted)] == [ctx[-1], *accepted]
+            and logits.shape[0] == len(fed)
+        )
+        out.append(logits[: r.n_emitted])
+        ctx.extend(int(t) for t in tokens[pos : pos + r.n_emitted])
+        pos += r.n_emitted
+    rows = torch.cat(out) if out else torch.zeros(0, 0)
+    return rows[: len(tokens)], consistent and rows.shape[0] == len(tokens)
+
+
+@dataclass
+class SequenceScore:
+    """What one speculative sequence contributes (JSON-friendly)."""
+
+    n_tokens: int
+    n_rounds: int
+    u_shape_matched: list[float]  # PIT vs the rows of the run's own passes, nan = impossible
+    u_plain: list[float] | None  # PIT vs plain rows (None: not scored against plain)
+    tv_plain: float | None  # mean over positions of TV(run row, plain row)
+    seconds: float
+    consistent: bool = True  # every pass was the one the output implies
+    replay_max_abs: float | None = None  # max |replayed - recorded| logit (0 when replayed)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _pit(
+    p: torch.Tensor, tokens: torch.Tensor, v: torch.Tensor, q: torch.Tensor | None
+) -> list[float]:
+    out: list[float] = []
+    for i in range(0, p.shape[0], PIT_CHUNK):
+        sl = slice(i, i + PIT_CHUNK)
+        keys = order_keys(p[sl], None if q is None else q[sl])  # [c, V]
+        out.extend(float(x) for x in pit_values(p[sl], tokens[sl], v[sl], keys))
+    return out
+
+
+def score_sequence(
+    target: CausalLM,
+    draft: CausalLM | Drafter,
+    order_model: CausalLM | None,
+    prompt: Sequence[int],
+    *,
+    k: int,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    seed: int,
+    pit_seed: int,
+    with_plain: bool,
+) -> SequenceScore:
+    """Generate one speculative sequence and score it against (a) the rows of its own passes
+    (recorded; checked against the output and, with ``with_plain``, against a full
+    shape-matched replay) and, with ``with_plain``, (b) one-token-per-pass rows."""
+    t0 = time.perf_counter()
+    rec = RecordingLM(target)
+    res = generate(
+        rec, draft, prompt, max_new_tokens=max_new_tokens, k=k, sampling=sampling, seed=seed
+    )
+    n = len(res.tokens)
+    if n == 0:
+        return SequenceScore(0, len(res.rounds), [], [] if with_plain else None, None, 0.0)
+    tok = torch.tensor(res.tokens, dtype=torch.long)  # [n]
+    rows_run, consistent = recorded_rows(rec.passes, prompt, res.tokens, res.rounds)
+    rec.passes.clear()
+    p_a = logits_to_probs(rows_run, sampling)  # [n, V]
+    q = (
+        logits_to_probs(draft_rows(order_model, prompt, res.tokens), sampling)
+        if order_model is not None
+        else None
+    )  # [n, V]
+    v = draw_v(n, make_generator(pit_seed))  # [n]
+    u_a = _pit(p_a, tok, v, q)
+    u_b: list[float] | None = None
+    tv: float | None = None
+    replay_diff: float | None = None
+    if with_plain:
+        replayed = replay_rows(target, prompt, res.tokens, res.rounds)  # [n, V]
+        replay_diff = float((replayed - rows_run).abs().max())
+        p_b = logits_to_probs(plain_rows(target, prompt, res.tokens), sampling)  # [n, V]
+        u_b = _pit(p_b, tok, v, q)
+        tv = float((0.5 * (p_a.double() - p_b.double()).abs().sum(-1)).mean())
+    return SequenceScore(
+        n, len(res.rounds), u_a, u_b, tv, time.perf_counter() - t0, consistent, replay_diff
+    )
