@@ -297,3 +297,21 @@ def test_conversion_cache_follows_the_store_rule(
     assert root == hub.default_cache_dir()
     assert root.is_absolute() and "~" not in str(root)
     assert root.is_relative_to(tmp_path / "home")
+
+
+def test_greedy_verify_equals_both_verifiers_on_one_hot_rows() -> None:
+    from specdec.sampling import GREEDY, logits_to_probs
+    from specdec.verifiers import greedy_verify
+
+    g = make_generator(3)
+    for _ in range(200):
+        logits = torch.randint(0, 4, (5, 9), generator=g).float()  # [K+1, V] with many ties
+        drafts = torch.randint(0, 9, (4,), generator=g)
+        best = logits.argmax(-1)
+        n_ok = int(torch.randint(0, 5, (), generator=g))
+        drafts[:n_ok] = best[:n_ok]
+        p = logits_to_probs(logits, GREEDY)
+        q = torch.nn.functional.one_hot(drafts, 9).float()
+        want = rejection_verifier(p, q, drafts, make_generator(0))
+        assert greedy_verify(logits, drafts.tolist()) == want
+        assert exact_match_verifier(p, q, drafts, make_generator(0)) == want

@@ -189,8 +189,9 @@ def test_level2_catches_residual_is_p() -> None:
 
 
 def test_level2_catches_always_accept() -> None:
-    """Accepting every draft breaks greedy bit-exactness and the sampled tests."""
+    """Accepting every draft breaks the sampled tests. (Greedy rounds take the argmax matches
+    directly, ``verifiers.greedy_verify``, so a fault in the walk cannot reach them.)"""
     with injected_fault("always-accept"):
         r = run_level2(L2)
     s = r.summary()
-    assert r.status == "fail" and s["greedy_mismatches"] > 0 and s["sampled_rejected"] >= 2
+    assert r.status == "fail" and s["sampled_rejected"] >= 2

@@ -32,7 +32,7 @@ from specdec.models.base import CausalLM, cached_prefix_len, extend_last
 from specdec.policy import FixedK, KPolicy, RoundObservation
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.timing import Stopwatch, delta
-from specdec.verifiers import Verifier, rejection_verifier
+from specdec.verifiers import Verifier, greedy_verify, rejection_verifier
 
 
 @dataclass
@@ -219,9 +219,12 @@ def speculative_round(
         logits = target.extend([ctx[-1], *draft.tokens])  # [K+1, V]
     # 4. Decide which drafts are kept and the token after them.
     with stopwatch.section("sampling"):
-        p = logits_to_probs(logits, sampling)  # [K+1, V]
-        drafts = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
-        n_acc, nxt = verifier(p, draft.probs, drafts, verify_generator)
+        if sampling.greedy:  # every verifier keeps the argmax matches: no rows needed
+            n_acc, nxt = greedy_verify(logits, draft.tokens)
+        else:
+            p = logits_to_probs(logits, sampling)  # [K+1, V]
+            drafts = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
+            n_acc, nxt = verifier(p, draft.probs, drafts, verify_generator)
     # 5. Roll the target back past the rejected drafts (the new last token is not cached).
     if n_acc < k_r:
         with stopwatch.section("verify"):

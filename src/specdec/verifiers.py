@@ -9,6 +9,11 @@ rollback) is shared.
 
 - ``rejection_verifier``: the accept/reject rule (Leviathan et al. 2022; Chen et al. 2023).
   Lossless: the emitted tokens have the target's distribution whatever q is.
+- ``greedy_verify``: the greedy case of both, straight from the logits: the drafts kept are
+  the leading ones equal to their row's argmax (first index among ties, as
+  ``sampling.logits_to_probs`` breaks them), then the argmax of the next row. It is what the
+  rejection walk and exact matching give on one-hot rows, without building any row of
+  probabilities (on a 151,936-token vocabulary that is ~2 ms a round here).
 - ``exact_match_verifier``: ordinary sampling from the target's rows in the order they are
   reached: y_1 ~ p_1; while y_j equals draft x_j the next row belongs to y's context too, so
   y_{j+1} ~ p_{j+1}; it stops at the first mismatch (or after row K). No accept/reject walk is
@@ -19,6 +24,7 @@ rollback) is shared.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -47,6 +53,15 @@ def rejection_verifier(
 ) -> tuple[int, int]:
     """The lossless accept/reject walk (``rejection.accept_reject``)."""
     return accept_reject(p, q, drafts, generator)
+
+
+def greedy_verify(logits: torch.Tensor, drafts: Sequence[int]) -> tuple[int, int]:
+    """(n_kept, next_token) for greedy decoding, from logits [K+1, V] and drafts [K]."""
+    best = torch.argmax(logits, dim=-1).tolist()  # [K+1] first maximal index per row
+    n = 0
+    while n < len(drafts) and int(drafts[n]) == best[n]:
+        n += 1
+    return n, int(best[n])
 
 
 def exact_match_verifier(
