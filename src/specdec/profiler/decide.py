@@ -142,8 +142,12 @@ def explain(
         )
         if best_spec.decode_speedup_vs_plain > best_spec.speedup_vs_plain * 1.02:
             why.append(
-                f"decoding alone would be {best_spec.decode_speedup_vs_plain:.2f}x, but the "
-                "extra prefill costs more than it wins back"
+                f"decoding alone would be {best_spec.decode_speedup_vs_plain:.2f}x, but "
+                + (
+                    "the draft model's own prefill costs more than it wins back"
+                    if best_spec.candidate.model_draft
+                    else "the prompt's prefill, the same for both, dilutes it"
+                )
             )
         return (
             f"{plain.candidate.label} (plain decoding, {size}): "
