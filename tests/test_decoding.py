@@ -12,14 +12,14 @@ import random
 
 import numpy as np
 import pytest
-import torch
 from scipy import stats
 
+from seq_dist import exact_first_tokens
 from specdec.decoding import generate, generate_stream
 from specdec.drafters import NgramDrafter
 from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError
 from specdec.models.mock import MockLM, MockSpec, mock_pair
-from specdec.sampling import SamplingConfig, logits_to_probs
+from specdec.sampling import SamplingConfig
 
 
 def prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -151,19 +151,7 @@ def test_bad_requests_are_user_errors() -> None:
 
 
 # ------------------------------------------------------------------- sampled distribution
-def exact_first_tokens(
-    target: MockLM, prompt: list[int], cfg: SamplingConfig, n: int
-) -> dict[tuple[int, ...], float]:
-    """P(first n generated tokens) computed exactly from the mock's known distribution."""
-    out: dict[tuple[int, ...], float] = {(): 1.0}
-    for _ in range(n):
-        nxt: dict[tuple[int, ...], float] = {}
-        for seq, pr in out.items():
-            probs = logits_to_probs(target.logits_for_context(prompt + list(seq)), cfg).double()
-            for tok in torch.nonzero(probs).flatten().tolist():
-                nxt[(*seq, tok)] = pr * float(probs[tok])
-        out = nxt
-    return out
+# exact_first_tokens: the exactly computed law of the first tokens (tests/seq_dist.py)
 
 
 def sequence_pvalue(

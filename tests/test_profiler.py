@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from seq_dist import exact_first_tokens
 from specdec.cli import main
 from specdec.decoding import generate
 from specdec.models.mock import mock_pair
@@ -21,7 +22,6 @@ from specdec.profiler.predict import ProbeSequence, predict, runs_from_matches, 
 from specdec.profiler.run import ProfileSpec, run_profile
 from specdec.sampling import SamplingConfig
 from specdec.theory import Costs
-from test_decoding import exact_first_tokens
 
 STEP = 0.030  # a 30 ms target step
 
