@@ -34,6 +34,12 @@ CASES: list[tuple[str, list[str], int, str]] = [
         2,
         "specdec: error: the prompt has",
     ),
+    (
+        "bench seed too large",
+        ["bench", "--config", "draft=mock:close,target=mock:target", "--seed", str(2**64)],
+        2,
+        "specdec: error: --seed must",
+    ),
     ("argv bytes not UTF-8", [*GEN, "ab\udcffcd"], 2, "specdec: error: the prompt is not valid"),
     (
         "unknown model path",

@@ -74,10 +74,11 @@ def check_common(args: argparse.Namespace) -> None:
     """Bounds of the shared numeric flags, before anything is loaded."""
     if getattr(args, "threads", None) is not None and args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-    if getattr(args, "n_ctx", 2) < 2:
-        raise ConfigError(f"--n-ctx must be >= 2, got {args.n_ctx}")
-    seed = getattr(args, "seed", 0)
-    if not 0 <= seed < SEED_LIMIT:
+    n_ctx = getattr(args, "n_ctx", None)
+    if n_ctx is not None and n_ctx < 2:
+        raise ConfigError(f"--n-ctx must be >= 2, got {n_ctx}")
+    seed = getattr(args, "seed", None)  # None: the subcommand's own default
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
         raise ConfigError(f"--seed must be in 0..2^63-1, got {seed}")
 
 
