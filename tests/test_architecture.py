@@ -315,3 +315,21 @@ def test_greedy_verify_equals_both_verifiers_on_one_hot_rows() -> None:
         want = rejection_verifier(p, q, drafts, make_generator(0))
         assert greedy_verify(logits, drafts.tolist()) == want
         assert exact_match_verifier(p, q, drafts, make_generator(0)) == want
+
+
+def test_a_plugged_in_verifier_is_used_on_greedy_rounds_too() -> None:
+    """The greedy fast path stands in only for the built-in verifiers (proven equal above);
+    any other verifier gets its rows every round."""
+    calls: list[int] = []
+
+    def counting(p, q, drafts, generator):  # type: ignore[no-untyped-def]
+        calls.append(int(drafts.numel()))
+        return rejection_verifier(p, q, drafts, generator)
+
+    draft, target = mock_pair("close", vocab_size=16)
+    res = generate(
+        target, draft, [0, 4], max_new_tokens=20, k=3, verifier=counting, stop_on_eos=False
+    )
+    assert len(calls) == len(res.rounds)
+    plain = generate(target, None, [0, 4], max_new_tokens=20, k=0, stop_on_eos=False)
+    assert res.tokens == plain.tokens

@@ -223,22 +223,20 @@ def _load_auto(
     n_ctx: int,
     n_threads: int | None,
 ) -> Pair:
-    from specdec.bench.prompts import select_prompts
-    from specdec.profiler.auto import choose
-    from specdec.profiler.run import ProfileSpec, run_profile
+    from specdec.profiler.auto import auto_profile, choose
 
-    narrow: dict[str, Any] = {"draft_backend": draft_backend}
-    if target_backend != DEFAULT_TARGET_BACKEND:
-        narrow["target_backends"] = (target_backend,)
-    if draft != DEFAULT_DRAFT:
-        narrow["drafts"] = (draft or "none",)
-    spec = ProfileSpec(target=target, n_ctx=n_ctx, n_threads=n_threads, **narrow)
-    result = run_profile(spec, [p.text for p in select_prompts(None, per_category=1)])
-    choice = choose(result, None, spec.n_new)
-    draft_ref = choice.draft_ref if choice.speculative else "none"
+    result = auto_profile(
+        target,
+        draft=draft,
+        target_backend=target_backend,
+        draft_backend=draft_backend,
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+    )
+    choice = choose(result, None, int(result.spec["n_new"]))
     pair = load(
         target,
-        draft_ref,
+        choice.draft_ref if choice.speculative else "none",
         target_backend=choice.target_backend,
         draft_backend=draft_backend,
         n_ctx=n_ctx,

@@ -32,7 +32,12 @@ from specdec.models.base import CausalLM, cached_prefix_len, extend_last
 from specdec.policy import FixedK, KPolicy, RoundObservation
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.timing import Stopwatch, delta
-from specdec.verifiers import Verifier, greedy_verify, rejection_verifier
+from specdec.verifiers import (
+    Verifier,
+    greedy_verify,
+    keeps_argmax_when_greedy,
+    rejection_verifier,
+)
 
 
 @dataclass
@@ -219,7 +224,7 @@ def speculative_round(
         logits = target.extend([ctx[-1], *draft.tokens])  # [K+1, V]
     # 4. Decide which drafts are kept and the token after them.
     with stopwatch.section("sampling"):
-        if sampling.greedy:  # every verifier keeps the argmax matches: no rows needed
+        if sampling.greedy and keeps_argmax_when_greedy(verifier):  # no rows needed
             n_acc, nxt = greedy_verify(logits, draft.tokens)
         else:
             p = logits_to_probs(logits, sampling)  # [K+1, V]

@@ -64,6 +64,12 @@ def greedy_verify(logits: torch.Tensor, drafts: Sequence[int]) -> tuple[int, int
     return n, int(best[n])
 
 
+def keeps_argmax_when_greedy(verifier: Verifier) -> bool:
+    """Whether ``greedy_verify`` is exactly what ``verifier`` does on greedy (one-hot) rows:
+    true for the built-in verifiers (tested); a plugged-in verifier always gets its rows."""
+    return verifier in (rejection_verifier, exact_match_verifier)
+
+
 def exact_match_verifier(
     p: torch.Tensor,  # [K+1, V] target rows
     q: torch.Tensor | None,  # unused: plain sampling does not look at the draft's rows

@@ -24,7 +24,7 @@ from specdec.decoding import GenerationResult, generate_stream
 from specdec.detokenize import IncrementalDecoder
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
-from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET_BACKEND, is_model_free, load_pair
+from specdec.pairs import is_model_free, load_pair
 from specdec.policy import AdaptiveK, FixedK, KPolicy
 from specdec.prompting import encode_prompt
 
@@ -217,20 +217,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _auto_choice(args: argparse.Namespace, prompt: str) -> Any:
     """The profile's choice for this request (profiling first when nothing is cached)."""
-    from specdec.bench.prompts import select_prompts
-    from specdec.profiler.auto import choose
-    from specdec.profiler.run import ProfileSpec, run_profile
+    from specdec.profiler.auto import auto_profile, choose
 
-    # left at their defaults, --draft and --target-backend let the profile choose; set to
-    # something else, they narrow what it considers
-    narrow: dict[str, Any] = {"draft_backend": args.draft_backend}
-    if args.target_backend != DEFAULT_TARGET_BACKEND:
-        narrow["target_backends"] = (args.target_backend,)
-    if args.draft != DEFAULT_DRAFT:
-        narrow["drafts"] = (args.draft,)
-    spec = ProfileSpec(target=args.target, n_ctx=args.n_ctx, n_threads=args.threads, **narrow)
-    prompts = [p.text for p in select_prompts(None, per_category=1)]
-    result = run_profile(spec, prompts, log=lambda m: print(f"[specdec] {m}", file=sys.stderr))
+    result = auto_profile(
+        args.target,
+        draft=args.draft,
+        target_backend=args.target_backend,
+        draft_backend=args.draft_backend,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
+    )
     # about 4 characters per token for English and code (only used to spot long prompts)
     return choose(result, len(prompt) // 4, args.max_new_tokens)
 

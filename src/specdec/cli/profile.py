@@ -118,10 +118,12 @@ def render(result: Any) -> str:
                 f"{_fmt(c['measured_tps'], '.1f'):>9} {_fmt(100 * c['error'], '+.0f'):>5}%"
             )
     r = result.recommendation
+    # the measured choice agrees with the prediction: word it with the current rule
+    same = r["label"] == rec.best.candidate.label and r["k"] == rec.best.k
     lines += [
         "",
         f"recommendation: {r['label']}" + (f", K={r['k']}" if r["k"] else ""),
-        f"  {r['reason']}",
+        f"  {rec.reason if same else r['reason']}",
         f"  (speculation is chosen only when measured {DEFAULT_MARGIN:.2f}x faster end to end "
         "than the fastest plain decoder)",
     ]

@@ -10,11 +10,13 @@ only, so a fixed seed gives a fixed output and K trace.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from specdec.policy import FixedK, KPolicy, ProfileK
 from specdec.profiler.decide import Candidate
-from specdec.profiler.run import ProfileResult
+from specdec.profiler.run import ProfileResult, ProfileSpec, run_profile
 from specdec.theory import Costs
 
 # re-rank by prediction when the request's prompt is this many times the probe's mean
@@ -64,3 +66,29 @@ def choose(result: ProfileResult, prompt_tokens: int | None, new_tokens: int) ->
         label=cand.label,
         reason=reason,
     )
+
+
+def auto_profile(
+    target: str,
+    *,
+    draft: str | None,
+    target_backend: str,
+    draft_backend: str,
+    n_ctx: int,
+    n_threads: int | None,
+    log: Callable[[str], None] = lambda _: None,
+) -> ProfileResult:
+    """The (cached) profile ``--auto`` decides from, on the packaged probe prompts. Left at
+    their defaults, ``draft`` and ``target_backend`` let the profile choose; other values
+    narrow what it considers."""
+    from specdec.bench.prompts import select_prompts
+    from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET_BACKEND
+
+    narrow: dict[str, Any] = {"draft_backend": draft_backend}
+    if target_backend != DEFAULT_TARGET_BACKEND:
+        narrow["target_backends"] = (target_backend,)
+    if draft != DEFAULT_DRAFT:
+        narrow["drafts"] = (draft or "none",)
+    spec = ProfileSpec(target=target, n_ctx=n_ctx, n_threads=n_threads, **narrow)
+    prompts = [p.text for p in select_prompts(None, per_category=1)]
+    return run_profile(spec, prompts, log=log)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -87,14 +88,10 @@ def target_costs(
 def with_model_draft(costs: Costs, draft: CausalLM, *, context_tokens: int = 100) -> Costs:
     """Costs of the target with a draft model: its step (per drafted token) and prefill."""
     ctx = profile_context(draft, context_tokens)
-    step = step_latency(draft, ctx, 5)
-    return Costs(
-        verify_s=costs.verify_s,
-        prefill_tps=costs.prefill_tps,
-        draft_token_s=step,
+    return replace(
+        costs,
+        draft_token_s=step_latency(draft, ctx, 5),
         draft_prefill_tps=prefill_throughput(draft),
-        row_s=costs.row_s,
-        round_s=costs.round_s,
     )
 
 
@@ -103,13 +100,7 @@ def with_model_free_draft(
 ) -> Costs:
     """Costs of the target with a model-free drafter: its per-round lookup."""
     ctx = profile_context(target, context_tokens)
-    return Costs(
-        verify_s=costs.verify_s,
-        prefill_tps=costs.prefill_tps,
-        draft_round_s=drafter_latency(drafter, ctx, 5),
-        row_s=costs.row_s,
-        round_s=costs.round_s,
-    )
+    return replace(costs, draft_round_s=drafter_latency(drafter, ctx, 5))
 
 
 def greedy_continuation(target: CausalLM, prompt_ids: Sequence[int], n_new: int) -> list[int]:
