@@ -60,6 +60,24 @@ CASES: list[tuple[str, list[str], int, str]] = [
         "specdec: error: suffix option",
     ),
     (
+        "models path on a file that is not a store model",
+        ["models", "path", "/etc/hostname"],
+        2,
+        "specdec: error: '/etc/hostname' is not a store model",
+    ),
+    (
+        "negative prompts per category",
+        [
+            "bench",
+            "--config",
+            "draft=mock:close,target=mock:target",
+            "--prompts-per-category",
+            "-1",
+        ],
+        2,
+        "specdec: error: prompts_per_category (0 = all) must be >= 0",
+    ),
+    (
         "unknown n-gram size",
         ["generate", *MOCK, "--draft", "ngram:x", "hi"],
         2,
@@ -149,3 +167,70 @@ def test_json_is_valid_when_a_figure_is_undefined(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert "NaN" not in out
     assert json.loads(out)["acceptance_by_position"] == [0.0, None]
+
+
+@pytest.mark.parametrize("k", ["100000", str(10**12)])
+def test_an_absurd_adaptive_k_is_capped_not_hung(
+    k: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-k far beyond the tokens wanted used to hang --adaptive (O(k^2) per round) or raise
+    MemoryError; K is capped by the length and the context window."""
+    from specdec.policy import capped_adaptive_k
+
+    assert capped_adaptive_k(int(k), 4, 2048).k_max == 4
+    assert main([*GEN, "--adaptive", "-k", k, "--json", "hi"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["tokens"]) == 4
+
+
+def test_closed_standard_output_is_an_error_not_silence() -> None:
+    """With file descriptor 1 closed every printed result would be lost while the exit said
+    success; it is one line on stderr and exit 2."""
+    import os
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec", "models", "list"],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: os.close(1),
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.decode().strip() == "specdec: error: standard output is closed"
+
+
+def test_a_failed_load_leaves_no_file_that_blocks_the_next_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run whose model fails to load wrote only its session header; the next run used to be
+    refused ("already holds results"). A header-only file holds nothing to lose."""
+    out = str(tmp_path / "r.jsonl")
+    bench = ["bench", "--k", "1", "--categories", "qa", "--out", out]
+    assert main([*bench[:1], "--config", "draft=mock:close,target=/no/such.gguf", *bench[1:]]) == 2
+    assert main([*bench[:1], "--config", "draft=mock:close,target=mock:target", *bench[1:]]) == 0
+    assert "measurements written" in capsys.readouterr().out
+    # a file with results is still protected
+    assert main([*bench[:1], "--config", "draft=mock:close,target=mock:target", *bench[1:]]) == 2
+    assert "already holds results" in capsys.readouterr().err
+
+
+def test_report_on_records_missing_fields_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Measurement records without the fields the report reads are counted as unreadable
+    (they raised KeyError inside the report and left an empty report directory)."""
+    out = tmp_path / "r.jsonl"
+    argv = ["bench", "--config", "draft=mock:close,target=mock:target", "--k", "1"]
+    assert main([*argv, "--categories", "qa", "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    for r in recs:
+        if r["type"] == "measurement":
+            del r["tokens_per_second"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    capsys.readouterr()
+    assert main(["report", str(bad), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"specdec: error: {bad} holds no measurements to report"]
+    assert not (tmp_path / "rep").exists()

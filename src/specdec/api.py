@@ -31,7 +31,7 @@ from specdec.pairs import (
     is_model_free,
     load_pair,
 )
-from specdec.policy import AdaptiveK, FixedK, KPolicy
+from specdec.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.prompting import encode_prompt
 from specdec.sampling import SamplingConfig
 
@@ -143,7 +143,11 @@ class Pair:
             policy = self.auto.policy()
         else:
             k = 6 if k is None else k
-            policy = AdaptiveK(k_max=k) if adaptive and k > 0 else FixedK(k)
+            policy = (
+                capped_adaptive_k(k, max_new_tokens, self.target.n_ctx)
+                if adaptive and k > 0
+                else FixedK(k)
+            )
         plain = isinstance(policy, FixedK) and policy.k == 0  # no draft prefill either
         generation = generate_stream(
             self.target,

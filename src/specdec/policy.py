@@ -190,3 +190,9 @@ class ProfileK:
         self.rounds += 1
         for i in range(min(obs.k, obs.n_accepted + 1)):
             self.accept[i] = _ew(self.accept[i], 1.0 if i < obs.n_accepted else 0.0, self.decay)
+
+
+def capped_adaptive_k(k_max: int, max_new_tokens: int, n_ctx: int) -> AdaptiveK:
+    """An ``AdaptiveK`` whose K never exceeds what a round can use (the tokens wanted and the
+    context window): its per-round work is O(k_max^2), so an absurd -k must not reach it."""
+    return AdaptiveK(k_max=max(0, min(k_max, max_new_tokens, n_ctx)))

@@ -63,6 +63,7 @@ class BenchPlan:
             ("profile_repeats", self.profile_repeats, 1),
             ("verify_max", self.verify_max, 1),
             ("profile_context_tokens", self.profile_context_tokens, 1),
+            ("prompts_per_category (0 = all)", self.prompts_per_category, 0),
         ):
             if value < low:
                 raise ConfigError(f"{name} must be >= {low}, got {value}")

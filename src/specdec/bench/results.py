@@ -37,6 +37,10 @@ def clean(obj: Any) -> Any:
     return obj
 
 
+# fields of a measurement record that the analysis reads directly (beyond the key)
+REPORTED_FIELDS = ("category", "tokens_per_second", "speedup")
+
+
 def measurement_key(rec: dict[str, Any]) -> Key:
     return (
         str(rec["config"]),
@@ -93,6 +97,9 @@ def parse_records(lines: Iterable[str], ends_with_newline: bool = True) -> Resul
                 measurement_key(rec)
             except (KeyError, TypeError, ValueError):
                 res.bad_lines.append(i)
+                continue
+            if any(f not in rec for f in REPORTED_FIELDS):
+                res.bad_lines.append(i)  # the report could not place it
                 continue
             res.measurements.append(rec)
         elif kind == "skip":
@@ -160,6 +167,16 @@ class ResultsWriter:
         self.close()
 
 
+def _holds_no_results(p: Path) -> bool:
+    """True for a file of session headers only (no measurement, profile or skip record and
+    nothing unreadable)."""
+    try:
+        res = read_results(p)
+    except ConfigError:
+        return False
+    return not (res.measurements or res.profiles or res.skips or res.bad_lines or res.partial_tail)
+
+
 def open_for_append(
     path: str | Path, *, resume: bool, overwrite: bool
 ) -> tuple[ResultsWriter, Results, bool]:
@@ -171,6 +188,8 @@ def open_for_append(
     p = Path(path)
     existing = Results()
     cut = False
+    if p.exists() and p.stat().st_size > 0 and not resume and _holds_no_results(p):
+        p.unlink()  # only session headers (a run that failed before measuring): nothing to lose
     if p.exists() and p.stat().st_size > 0:
         if resume:
             cut = _repair_tail(p)

@@ -23,20 +23,20 @@ class Plan:
 
 
 def quick_plan() -> Plan:
-    """Minutes: a smoke test (low power; up to 384 PIT values)."""
+    """Under 10 minutes on a 2-core CPU: a smoke test (low power; up to 384 PIT values)."""
     return Plan(
         level1=Level1Config(),
         level2=Level2Config(greedy_prompts=4, greedy_ks=(0, 1, 2, 4, 6), sequences=1500),
         level3=Level3Config(
-            greedy_prompts=3,
-            greedy_max_new_tokens=32,
-            probe_prompts=3,
+            greedy_prompts=2,
+            greedy_max_new_tokens=24,
+            probe_prompts=2,
             sampled_prompts=3,
             seeds=4,
             sample_tokens=32,
             plain_seeds=1,
         ),
-        prompts=6,  # 3 greedy + 3 probe (disjoint); the per-token test uses the first 3
+        prompts=4,  # 2 greedy + 2 probe (disjoint); the per-token test uses the first 3
     )
 
 

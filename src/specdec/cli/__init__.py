@@ -82,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    if sys.stdout is None or sys.stdout.closed:
+        # started with file descriptor 1 closed: every result would be lost without a word
+        print("specdec: error: standard output is closed", file=sys.stderr)
+        return 2
     try:
         rc = args.func(args)
         return int(rc or 0)

@@ -25,7 +25,7 @@ from specdec.detokenize import IncrementalDecoder
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
 from specdec.pairs import is_model_free, load_pair
-from specdec.policy import AdaptiveK, FixedK, KPolicy
+from specdec.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.prompting import encode_prompt
 
 
@@ -72,7 +72,7 @@ def _policy(args: argparse.Namespace, has_drafter: bool) -> KPolicy:
     if not has_drafter or args.k == 0:
         return FixedK(0)
     if args.adaptive:
-        return AdaptiveK(k_max=args.k)
+        return capped_adaptive_k(args.k, args.max_new_tokens, args.n_ctx)
     return FixedK(args.k)
 
 

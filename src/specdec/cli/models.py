@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specdec import hub
 from specdec.cli import command_help
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, ModelLoadError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -102,5 +102,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _path(args: argparse.Namespace) -> int:
+    if hub.find_entry(args.name) is None:
+        # any existing file would resolve to itself: this command names verified models only
+        raise ModelLoadError(
+            f"{args.name!r} is not a store model (known: {', '.join(hub.known_names())}); "
+            "`specdec models path` prints the verified file of a store model"
+        )
     print(hub.resolve(args.name, fetch=not args.no_fetch, cache_dir=args.cache_dir))
     return 0

@@ -21,7 +21,11 @@ GGUF_MAGIC = b"GGUF"
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
 _MAX_COUNT = 1 << 24
+_INT_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 10: "Q", 11: "q"}
+_ARCH_INTS = ("block_count", "context_length", "embedding_length")
+_HEAD_INTS = ("attention.head_count", "attention.head_count_kv")
 _MAX_DIMS = 8
+_MAX_LAYERS = 4096  # no released model comes near; llama.cpp aborts on absurd counts
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,21 @@ class GGUFHeader:
     alignment: int
     data_end: int
     file_size: int
+    architecture: str = ""
+    block_count: int | None = None  # "{arch}.block_count" as written in the metadata
+    layers: int = 0  # distinct blk.N indices in the tensor table
+    context_length: int | None = None  # "{arch}.context_length": the trained context
+    embedding_length: int | None = None
+    head_count: int | None = None
+    head_count_kv: int | None = None
+
+    def kv_bytes_per_token(self) -> int | None:
+        """f16 K and V cache bytes per context position (None when the metadata lacks a
+        figure): 2 (K, V) x layers x n_embd x n_head_kv / n_head x 2 bytes."""
+        if not (self.block_count and self.embedding_length and self.head_count):
+            return None
+        kv = self.head_count_kv or self.head_count
+        return 2 * self.block_count * self.embedding_length * kv // self.head_count * 2
 
 
 class _BadHeader(Exception):
@@ -62,6 +81,17 @@ class _Cursor:
 
     def u64(self) -> int:
         value: int = struct.unpack_from(self.order + "Q", self.buf, self.skip(8))[0]
+        return value
+
+    def integer(self, vtype: int) -> int | None:
+        """An integer scalar of GGUF type vtype (None, after skipping it, for other types)."""
+        fmt = _INT_FORMATS.get(vtype)
+        if fmt is None:
+            self.skip_value(vtype)
+            return None
+        value: int = struct.unpack_from(
+            self.order + fmt, self.buf, self.skip(_SCALAR_SIZES[vtype])
+        )[0]
         return value
 
     def string(self) -> bytes:
@@ -118,17 +148,38 @@ def _parse_gguf(buf: mmap.mmap) -> GGUFHeader:
     if n_tensors > _MAX_COUNT or n_kv > _MAX_COUNT:
         raise _BadHeader(f"implausible counts ({n_tensors} tensors, {n_kv} keys)")
     alignment = 32
+    arch = ""
+    ints: dict[str, int] = {}  # "{arch}.<name>" integer metadata, resolved after the loop
     for _ in range(n_kv):
         key, vtype = cur.string(), cur.u32()
         if key == b"general.alignment" and vtype == _UINT32:
             alignment = cur.u32()
+        elif key == b"general.architecture" and vtype == _STRING:
+            arch = cur.string().decode("utf-8", "replace")
+        elif key.endswith(
+            (
+                b".block_count",
+                b".context_length",
+                b".embedding_length",
+                b".attention.head_count",
+                b".attention.head_count_kv",
+            )
+        ):
+            value = cur.integer(vtype)
+            if value is not None:
+                ints[key.decode("utf-8", "replace")] = value
         else:
             cur.skip_value(vtype)
     if alignment <= 0 or alignment & (alignment - 1):
         raise _BadHeader(f"bad alignment {alignment}")
     extents = []
+    blocks: set[int] = set()
     for _ in range(n_tensors):
-        cur.string()
+        name = cur.string()
+        if name.startswith(b"blk."):
+            index = name.split(b".")[1]
+            if index.isdigit():
+                blocks.add(int(index))
         n_dims = cur.u32()
         if n_dims > _MAX_DIMS:
             raise _BadHeader(f"tensor with {n_dims} dimensions at byte {cur.pos}")
@@ -137,7 +188,25 @@ def _parse_gguf(buf: mmap.mmap) -> GGUFHeader:
         extents.append(offset + _tensor_nbytes(dims, ggml_type))
     data_start = -(-cur.pos // alignment) * alignment
     data_end = data_start + max(extents, default=0)
-    return GGUFHeader(version, n_tensors, n_kv, alignment, data_end, cur.size)
+
+    def meta(name: str) -> int | None:
+        return ints.get(f"{arch}.{name}")
+
+    return GGUFHeader(
+        version,
+        n_tensors,
+        n_kv,
+        alignment,
+        data_end,
+        cur.size,
+        architecture=arch,
+        block_count=meta("block_count"),
+        layers=len(blocks),
+        context_length=meta("context_length"),
+        embedding_length=meta("embedding_length"),
+        head_count=meta("attention.head_count"),
+        head_count_kv=meta("attention.head_count_kv"),
+    )
 
 
 def check_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
@@ -169,4 +238,38 @@ def check_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
             f"{p}: truncated GGUF file ({header.file_size} bytes, its tensors need "
             f"{header.data_end}): an incomplete download or copy"
         )
+    check_metadata(p, header)
     return header
+
+
+def check_metadata(path: Path, header: GGUFHeader) -> None:
+    """Crafted or inconsistent model metadata, caught before llama.cpp acts on it (it aborts
+    the process, or allocates what the metadata asks for)."""
+    if header.block_count is not None and not 0 <= header.block_count <= _MAX_LAYERS:
+        raise ModelLoadError(
+            f"{path}: corrupt GGUF metadata: {header.architecture}.block_count = "
+            f"{header.block_count}"
+        )
+    if header.block_count is not None and header.layers and header.block_count != header.layers:
+        raise ModelLoadError(
+            f"{path}: corrupt GGUF metadata: {header.architecture}.block_count says "
+            f"{header.block_count} layers but the file holds tensors for {header.layers}"
+        )
+    for name, value in (
+        ("context_length", header.context_length),
+        ("embedding_length", header.embedding_length),
+        ("attention.head_count", header.head_count),
+    ):
+        if value is not None and not 1 <= value <= _MAX_COUNT * 64:
+            raise ModelLoadError(
+                f"{path}: corrupt GGUF metadata: {header.architecture}.{name} = {value}"
+            )
+    if (
+        header.head_count_kv is not None
+        and header.head_count
+        and not (1 <= header.head_count_kv <= header.head_count)
+    ):
+        raise ModelLoadError(
+            f"{path}: corrupt GGUF metadata: {header.architecture}.attention.head_count_kv = "
+            f"{header.head_count_kv} (head_count {header.head_count})"
+        )

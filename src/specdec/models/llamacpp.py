@@ -28,13 +28,16 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.base import check_extend_args, check_truncate_args
+
+if TYPE_CHECKING:
+    from specdec.hub.gguf import GGUFHeader
 
 # Tokens per llama_decode call. Llama() also keeps an n_batch x vocab float buffer of its own.
 DEFAULT_N_BATCH = 128
@@ -128,6 +131,30 @@ class LlamaCppTokenizer:
         return self.encode(text, add_special_tokens=False)
 
 
+def physical_memory() -> int | None:
+    """Bytes of RAM on this machine (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_context(path: Path, header: GGUFHeader, n_ctx: int) -> None:
+    """The context window a user asks for is what the model was trained for at most, and its
+    KV cache fits in half the machine's memory (llama.cpp itself only warns and allocates)."""
+    if header.context_length is not None and n_ctx > header.context_length:
+        raise ConfigError(
+            f"--n-ctx {n_ctx} is more than {path.name} was trained for "
+            f"({header.context_length} tokens)"
+        )
+    per_token, ram = header.kv_bytes_per_token(), physical_memory()
+    if per_token is not None and ram is not None and per_token * n_ctx > ram // 2:
+        raise ConfigError(
+            f"--n-ctx {n_ctx} needs a {per_token * n_ctx / 2**30:.1f} GiB KV cache for "
+            f"{path.name}, more than half of this machine's {ram / 2**30:.1f} GiB"
+        )
+
+
 class LlamaCppLM:
     """``CausalLM`` over a llama.cpp context (one sequence)."""
 
@@ -175,7 +202,7 @@ class LlamaCppLM:
         elif pad_min is not None:
             raise ConfigError("pad_min needs pad_to")
         path = Path(path)
-        check_gguf_header(path)
+        check_context(path, check_gguf_header(path), n_ctx)
         llama_cpp = _import_llama()
         if not repack and not _has_param_field(llama_cpp, "use_extra_bufts"):
             raise ConfigError(
