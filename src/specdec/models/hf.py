@@ -70,8 +70,11 @@ class HFTokenizer:
     def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
         if not getattr(self.tok, "chat_template", None):
             raise ModelLoadError("this model's tokenizer has no chat template; drop --chat")
-        text = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.encode(str(text), add_special_tokens=False)
+        from specdec.templates import render_chat
+
+        specials = {k: v for k, v in self.tok.special_tokens_map.items() if isinstance(v, str)}
+        text = render_chat(self.tok.chat_template, messages, add_generation_prompt=True, **specials)
+        return self.encode(text, add_special_tokens=False)
 
 
 def _gguf_key(path: Path) -> str:

@@ -120,13 +120,12 @@ class LlamaCppTokenizer:
     def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
         if not self.chat_template:
             raise ModelLoadError("this GGUF has no chat template; drop --chat")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from specdec.templates import render_chat
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         bos = self.decode([self.llm.token_bos()]) if self.llm.token_bos() >= 0 else ""
         eos = self.decode([self.llm.token_eos()]) if self.llm.token_eos() >= 0 else ""
-        text = env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
+        text = render_chat(
+            self.chat_template, messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
         )
         return self.encode(text, add_special_tokens=False)
 
