@@ -234,3 +234,129 @@ def test_report_on_records_missing_fields_is_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"specdec: error: {bad} holds no measurements to report"]
     assert not (tmp_path / "rep").exists()
+
+
+# -- cases that need files: (name, argv built from a scratch directory, exit, first words) --
+
+
+def _truncated_gguf(d: Path) -> str:
+    from tests.test_resource_limits import _write
+
+    raw = _write(d / "whole.gguf").read_bytes()
+    (d / "cut.gguf").write_bytes(raw[:-16])
+    return str(d / "cut.gguf")
+
+
+def _not_gguf(d: Path) -> str:
+    (d / "notes.gguf").write_text("hello, not a model\n")
+    return str(d / "notes.gguf")
+
+
+def _a_directory(d: Path) -> str:
+    (d / "dir.gguf").mkdir()
+    return str(d / "dir.gguf")
+
+
+def _a_file(d: Path) -> str:
+    (d / "file").write_text("x")
+    return str(d / "file")
+
+
+BENCH_MOCK = ["bench", "--config", "draft=mock:close,target=mock:target", "--k", "1"]
+FILE_CASES: list[tuple[str, object, int, str]] = [
+    (
+        "truncated GGUF",
+        lambda d: ["generate", "--target", _truncated_gguf(d), "-k", "0", "hi"],
+        2,
+        "specdec: error: ",
+    ),
+    (
+        "a text file named .gguf",
+        lambda d: ["generate", "--target", _not_gguf(d), "-k", "0", "hi"],
+        2,
+        "specdec: error: ",
+    ),
+    (
+        "a directory named .gguf on llama.cpp",
+        lambda d: ["generate", "--target", _a_directory(d), "--target-backend", "llamacpp", "hi"],
+        2,
+        "specdec: error: the llama.cpp backend needs a GGUF file",
+    ),
+    (
+        "bench --out inside a file",
+        lambda d: [*BENCH_MOCK, "--categories", "qa", "--out", _a_file(d) + "/r.jsonl"],
+        2,
+        "specdec: error: ",
+    ),
+    (
+        "report --out that is a file",
+        lambda d: ["report", str(d / "none.jsonl"), "--out", _a_file(d)],
+        2,
+        "specdec: error: ",
+    ),
+    (
+        "cache that cannot be created",
+        lambda d: ["models", "fetch", "smollm2-135m-instruct-q4_1", "--cache-dir", "/proc/x/y"],
+        2,
+        "specdec: error: cannot create the model cache",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "build", "code", "words"), FILE_CASES, ids=[c[0] for c in FILE_CASES]
+)
+def test_bad_files_are_one_clear_line(
+    name: str,
+    build: object,
+    code: int,
+    words: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = build(tmp_path)  # type: ignore[operator]
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("specdec: error")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(words), err
+
+
+def test_closed_stdin_with_dash_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "stdin", None)
+    assert main([*GEN, "-"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "specdec: error: the prompt is '-' but standard input is closed"
+    )
+
+
+# -- the same on the small real model (CI fetches it; skipped with a reason otherwise) --
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--n-ctx", "1000000000", "hi"], "specdec: error: --n-ctx 1000000000 is more than"),
+        (["ab\udcffcd"], "specdec: error: the prompt is not valid"),
+        (["-k", "-3", "hi"], "specdec: error: -k must be >= 0"),
+        (["--top-p", "0", "hi"], "specdec: error: top_p must be in (0, 1]"),
+    ],
+)
+def test_small_real_model_bad_input(
+    extra: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.tiny_models import store_model_or_skip
+
+    pytest.importorskip("llama_cpp")
+    path = str(store_model_or_skip())
+    argv = ["generate", "--target", path, "--target-backend", "llamacpp", "--draft", "ngram"]
+    assert main([*argv, "-n", "2", *extra]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("specdec: error")]
+    assert len(lines) == 1 and lines[0].startswith(words), err
