@@ -11,9 +11,10 @@ import torch
 
 from specdec.decoding import generate
 from specdec.errors import ModelLoadError
-from specdec.models.base import CausalLM, check_same_vocabulary
+from specdec.models.base import CausalLM
 from specdec.models.hf import load_hf
 from specdec.models.loader import ModelConfig, load_model
+from specdec.models.vocab import check_same_vocabulary
 from tiny_models import make_tiny_hf
 
 

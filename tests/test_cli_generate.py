@@ -11,8 +11,8 @@ import pytest
 
 from specdec.cli import main
 from specdec.errors import VocabMismatchError
-from specdec.models.base import check_same_vocabulary
 from specdec.models.mock import MockLM, MockSpec, MockTokenizer
+from specdec.models.vocab import check_same_vocabulary
 
 MOCK = [
     "--draft",

@@ -68,6 +68,10 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tok.decode(list(ids), skip_special_tokens=False))
 
+    def token_texts(self, n: int) -> list[str | None]:
+        """The vocabulary strings of ids 0..n-1 (None past the tokenizer's own tokens)."""
+        return list(self.tok.convert_ids_to_tokens(list(range(n))))
+
     def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
         if not getattr(self.tok, "chat_template", None):
             raise ModelLoadError("this model's tokenizer has no chat template; drop --chat")

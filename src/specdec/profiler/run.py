@@ -21,8 +21,9 @@ from typing import Any
 from specdec.decoding import generate
 from specdec.drafters.base import Drafter
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM, check_same_vocabulary
+from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
+from specdec.models.vocab import check_same_vocabulary
 from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET, is_model_free, parse_drafter, release
 from specdec.profiler import cache
 from specdec.profiler.decide import DEFAULT_MARGIN, Candidate, Recommendation, Scored, rank
