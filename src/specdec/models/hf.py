@@ -68,6 +68,11 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tok.decode(list(ids), skip_special_tokens=False))
 
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template (None when it has none)."""
+        return getattr(self.tok, "chat_template", None) or None
+
     def token_texts(self, n: int) -> list[str | None]:
         """The vocabulary strings of ids 0..n-1 (None past the tokenizer's own tokens)."""
         return list(self.tok.convert_ids_to_tokens(list(range(n))))
