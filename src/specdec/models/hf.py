@@ -8,7 +8,7 @@ import inspect
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,25 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tok.decode(list(ids), skip_special_tokens=False))
+
+    def stream_decoder(self) -> Callable[[int], str | None] | None:
+        """An incremental decoder over the fast tokenizer (the ``tokenizers`` library's
+        ``DecodeStream``: each id's new text, None while a character is incomplete), or None
+        for a tokenizer without a ``tokenizers`` backend."""
+        backend = getattr(self.tok, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        try:
+            from tokenizers.decoders import DecodeStream
+        except ImportError:  # pragma: no cover - tokenizers >= 0.22 has it
+            return None
+        stream = DecodeStream(skip_special_tokens=False)
+
+        def step(token: int) -> str | None:
+            out: str | None = stream.step(backend, token)
+            return out
+
+        return step
 
     @property
     def chat_template(self) -> str | None:
