@@ -153,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
     given = args.prompt if args.prompt is not None else args.prompt_option
     prompt = read_prompt(given) if given is not None else None
     messages = read_messages(args.messages) if args.messages is not None else None
+    if args.raw and (args.system is not None or messages is not None):
+        raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.k < 0:
