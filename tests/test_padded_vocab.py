@@ -137,3 +137,20 @@ def test_mock_draw_vocab_shares_the_first_ids() -> None:
     a = MockLM(MockSpec(vocab_size=6, draw_vocab=9))
     b = MockLM(MockSpec(vocab_size=9, draw_vocab=9))
     assert torch.equal(a.logits_for_context([1, 2]), b.logits_for_context([1, 2])[:6])
+
+
+def test_the_profile_probe_takes_a_padded_pair() -> None:
+    """The profile's teacher-forced probe: identical logits on the shared ids agree
+    everywhere until the target's continuation holds an id the draft lacks; from there on
+    decoding drafts nothing, so the probe counts misses (and does not crash)."""
+    from specdec.profiler.measure import model_draft_probe
+
+    draft, target = mock_pair("identical", vocab_size=8, draft_vocab_size=6)
+    cont = [int(target.logits_for_context([0, 4]).argmax())]
+    while len(cont) < 6:
+        cont.append(int(target.logits_for_context([4, *cont][-2:]).argmax()))
+    probe = model_draft_probe(draft, [0, 4], cont, 4, vocab_size=8)
+    assert probe.run is not None and len(probe.run) == len(cont)
+    bad = [3, 4, 7, 5, 6]  # 7 is beyond the draft's 6 ids
+    probe = model_draft_probe(draft, [0, 4], bad, 4, vocab_size=8)
+    assert probe.run is not None and probe.run[2:] == (0, 0, 0)

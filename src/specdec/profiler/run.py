@@ -236,7 +236,10 @@ def _measure(
             loaded.append(dm)
             check_same_vocabulary(dm, first)
             k_cap = max(spec.k_model)
-            seqs = [model_draft_probe(dm, p, t, k_cap) for p, t in zip(ids, conts, strict=True)]
+            seqs = [
+                model_draft_probe(dm, p, t, k_cap, first.vocab_size)
+                for p, t in zip(ids, conts, strict=True)
+            ]
             ks = spec.k_model
             name = _short(ref)
             drafters[name] = (dm, True)
