@@ -189,3 +189,35 @@ def test_packed_gguf_weights_are_a_clear_error() -> None:
     check_dense(torch.nn.Sequential(torch.nn.Linear(2, 2)), Path("m.gguf"))
     with pytest.raises(ModelLoadError, match=r"packed in GGUF blocks.*kernels"):
         check_dense(model, Path("m.gguf"))
+
+
+def test_the_gguf_load_passes_dequantize_to_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GGUF path itself asks transformers for dense weights (with `kernels` installed it
+    would otherwise keep them packed): the call transformers receives carries the option."""
+    import sys
+    import types
+
+    import transformers
+
+    from specdec.models import hf
+
+    seen: dict[str, Any] = {}
+
+    def from_pretrained(*args: Any, **kw: Any) -> Any:
+        seen.update(kw)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setitem(sys.modules, "kernels", types.ModuleType("kernels"))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setattr("specdec.hub.gguf.check_gguf_header", lambda path: None)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(ModelLoadError, match="stop here"):
+        hf._load_from_gguf(gguf, torch.float32)
+    assert seen["gguf_file"] == "m.gguf"
+    qc = seen.get("quantization_config")
+    if hasattr(transformers, "GgufConfig"):
+        assert qc is not None and qc.dequantize is True

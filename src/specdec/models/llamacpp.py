@@ -100,17 +100,17 @@ class LlamaCppTokenizer:
     def __init__(self, llm: Any) -> None:
         llama_cpp = _import_llama()
         self.llm = llm
-        self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
-        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self.vocab = llama_cpp.llama_model_get_vocab(llm.model)  # llama_vocab pointer
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.chat_template: str | None = llm.metadata.get("tokenizer.chat_template")
 
     def token_texts(self, n: int) -> list[str | None]:
         """The vocabulary strings of ids 0..n-1 as the GGUF stores them (the same strings a
         transformers tokenizer of the model lists), None past the model's vocabulary."""
         llama_cpp = _import_llama()
-        have = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        have = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         return [
-            llama_cpp.llama_vocab_get_text(self._vocab, i).decode("utf-8", errors="replace")
+            llama_cpp.llama_vocab_get_text(self.vocab, i).decode("utf-8", errors="replace")
             if i < have
             else None
             for i in range(n)
@@ -230,7 +230,7 @@ class LlamaCppLM:
         self.vocab_size = int(self.llm.n_vocab())
         self.n_batch = int(self.llm.n_batch)
         self._tokenizer = LlamaCppTokenizer(self.llm)
-        eot = llama_cpp.llama_vocab_eot(self._tokenizer._vocab)
+        eot = llama_cpp.llama_vocab_eot(self._tokenizer.vocab)
         eos = {int(self.llm.token_eos()), int(eot)}
         self.eos_token_ids = frozenset(t for t in eos if t >= 0)
         self._tokens: list[int] = []
