@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 SPECDEC := $(VENV)/bin/specdec
 DEMO_PROMPT ?= Write a Python function that returns the n-th Fibonacci number, with a docstring and type hints.
 
-.PHONY: install demo test lint models-test
+.PHONY: install demo test lint models-test lowest-transformers
 
 # torch is pinned to the CPU build that lies on this kind of machine's disk; the package itself
 # only asks for a range, so GPU users keep their CUDA torch.
@@ -32,3 +32,8 @@ lint: install
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
 	$(VENV)/bin/mypy
+
+# the transformers backend's tests at the lowest transformers version pyproject.toml allows
+# (installed into a temporary directory; needs the package index; part of .ci/run)
+lowest-transformers: install
+	.ci/lowest-transformers.sh $(PY)

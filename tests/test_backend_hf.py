@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from specdec.decoding import generate
 from specdec.errors import ModelLoadError
-from specdec.models.base import CausalLM, check_same_vocabulary
+from specdec.models.base import CausalLM
 from specdec.models.hf import load_hf
 from specdec.models.loader import ModelConfig, load_model
+from specdec.models.vocab import check_same_vocabulary
 from tiny_models import make_tiny_hf
 
 
@@ -120,3 +122,102 @@ def test_llama_arch_and_tokenizer_mismatch_is_named(
         pytest.skip("this transformers version tokenizes both alike")
     with pytest.raises(VocabMismatchError, match="differ at token"):
         check_same_vocabulary(other, target)
+
+
+def test_cache_is_used_split_extend_equals_one_pass(tiny_dirs: tuple[Path, Path]) -> None:
+    """Rows after a split extend see the earlier tokens: on a transformers version whose
+    forward does not take the cache under the name the backend passes it, every extend ran
+    without its past (plain decoding garbage, no error)."""
+    lm = load_hf(tiny_dirs[1], device="cpu", dtype="float32")
+    ids = list(range(10, 22))
+    whole = lm.extend(ids)
+    lm.truncate(0)
+    lm.extend(ids[:5])
+    rest = lm.extend(ids[5:])
+    assert (rest - whole[5:]).abs().max().item() < 1e-4
+
+
+def test_cache_keyword_follows_the_forward_signature() -> None:
+    from specdec.models.hf import cache_keyword
+
+    class New:
+        def forward(self, input_ids: Any = None, cache: Any = None, **kw: Any) -> None: ...
+
+    class Old:
+        def forward(
+            self, input_ids: Any = None, past_key_values: Any = None, **kw: Any
+        ) -> None: ...
+
+    assert cache_keyword(New()) == "cache"
+    assert cache_keyword(Old()) == "past_key_values"
+
+
+def test_a_swallowed_cache_fails_the_length_check(tiny_dirs: tuple[Path, Path]) -> None:
+    """The cache-length invariant catches a forward that ignores the cache keyword."""
+    lm = load_hf(tiny_dirs[1], device="cpu", dtype="float32")
+    lm._cache_kw = "not_a_parameter"  # swallowed by the model's **kwargs, as in the old bug
+    with pytest.raises(AssertionError, match="KV cache holds 0 positions"):
+        lm.extend([5, 6, 7])
+
+
+def test_gguf_loads_ask_transformers_to_unpack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the `kernels` package installed, transformers keeps GGUF weights packed unless
+    told otherwise; the GGUF load asks for dense weights where the option exists."""
+    import sys
+    import types
+
+    from specdec.models.hf import gguf_dequantize_kwargs
+
+    monkeypatch.setitem(sys.modules, "kernels", types.ModuleType("kernels"))
+    kw = gguf_dequantize_kwargs()
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        assert kw == {}
+        return
+    assert isinstance(kw["quantization_config"], GgufConfig)
+    assert kw["quantization_config"].dequantize is True
+
+
+def test_packed_gguf_weights_are_a_clear_error() -> None:
+    from specdec.models.hf import check_dense
+
+    class GgufLinear(torch.nn.Module):
+        pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), GgufLinear())
+    check_dense(torch.nn.Sequential(torch.nn.Linear(2, 2)), Path("m.gguf"))
+    with pytest.raises(ModelLoadError, match=r"packed in GGUF blocks.*kernels"):
+        check_dense(model, Path("m.gguf"))
+
+
+def test_the_gguf_load_passes_dequantize_to_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GGUF path itself asks transformers for dense weights (with `kernels` installed it
+    would otherwise keep them packed): the call transformers receives carries the option."""
+    import sys
+    import types
+
+    import transformers
+
+    from specdec.models import hf
+
+    seen: dict[str, Any] = {}
+
+    def from_pretrained(*args: Any, **kw: Any) -> Any:
+        seen.update(kw)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setitem(sys.modules, "kernels", types.ModuleType("kernels"))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+    monkeypatch.setattr("specdec.hub.gguf.check_gguf_header", lambda path: None)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(ModelLoadError, match="stop here"):
+        hf._load_from_gguf(gguf, torch.float32)
+    assert seen["gguf_file"] == "m.gguf"
+    qc = seen.get("quantization_config")
+    if hasattr(transformers, "GgufConfig"):
+        assert qc is not None and qc.dequantize is True

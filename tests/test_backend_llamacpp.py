@@ -13,7 +13,8 @@ import torch
 
 from specdec.decoding import generate
 from specdec.errors import ModelLoadError
-from specdec.models.base import CausalLM, check_same_vocabulary
+from specdec.models.base import CausalLM
+from specdec.models.vocab import check_same_vocabulary
 from tiny_models import llama_cpp_or_skip, store_model_or_skip, threads
 
 pytestmark = [pytest.mark.real_model, pytest.mark.llamacpp]
@@ -94,6 +95,10 @@ def test_mixed_backends_end_to_end(
     draft = _lm(smol)
     check_same_vocabulary(draft, target)
     assert (tmp_path / "hf-converted").is_dir()
+    # the padded-vocabulary check compares these lists: both backends give the same strings
+    texts = draft.tokenizer.token_texts(draft.vocab_size + 3)  # type: ignore[attr-defined]
+    assert texts == target.tokenizer.token_texts(draft.vocab_size + 3)  # type: ignore[attr-defined]
+    assert texts[-3:] == [None] * 3 and texts[1000] is not None
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     ids = target.tokenizer.apply_chat(msgs)
     assert ids == draft.tokenizer.apply_chat(msgs)

@@ -11,8 +11,8 @@ import pytest
 
 from specdec.cli import main
 from specdec.errors import VocabMismatchError
-from specdec.models.base import check_same_vocabulary
 from specdec.models.mock import MockLM, MockSpec, MockTokenizer
+from specdec.models.vocab import check_same_vocabulary
 
 MOCK = [
     "--draft",
@@ -97,7 +97,8 @@ def test_k_zero_is_plain_decoding(capsys: pytest.CaptureFixture[str]) -> None:
         (["--top-p", "1.5"], "top_p must be in (0, 1]"),
         (["--max-new-tokens", "0"], "max-new-tokens"),
         (["--n-ctx", "8"], "context window"),
-        (["--draft", "mock:close:32"], "vocabulary"),
+        (["--draft", "mock:close:200"], "vocabulary"),
+        (["--draft", "mock:close:32"], "tokenizers differ"),
         (["--target", "mock:nonsense"], "unknown mock model"),
     ],
 )

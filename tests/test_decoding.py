@@ -145,7 +145,7 @@ def test_bad_requests_are_user_errors() -> None:
     with pytest.raises(ConfigError):
         generate(target, draft, [1], max_new_tokens=0)
     with pytest.raises(ValueError):
-        generate(target, MockLM(MockSpec(vocab_size=17)), [1], max_new_tokens=5)
+        generate(target, MockLM(MockSpec(vocab_size=16 + 129)), [1], max_new_tokens=5)
     with pytest.raises(ConfigError, match="separate"):
         generate(target, target, [1], max_new_tokens=5)
 

@@ -48,8 +48,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
         "specdec: error: model '/no/such/model.gguf' is neither",
     ),
     (
-        "vocabularies that differ",
-        ["generate", *MOCK, "--draft", "mock:close:32", "hi"],
+        "vocabularies further apart than padding",
+        ["generate", *MOCK, "--draft", "mock:close:200", "hi"],
         2,
         "specdec: error: draft vocabulary",
     ),

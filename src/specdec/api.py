@@ -3,7 +3,7 @@
     import specdec
     pair = specdec.load()                                  # the default pair
     print(pair.generate("def fib(n):", max_new_tokens=16))  # text (the stats ride along)
-    for piece in pair.stream("Explain RAII", chat=True, temperature=0.7, seed=1):
+    for piece in pair.stream("Explain RAII", system="Be brief.", temperature=0.7, seed=1):
         print(piece, end="", flush=True)
 
 Everything here is a thin layer over ``specdec.pairs`` (loading) and ``specdec.decoding``
@@ -32,7 +32,7 @@ from specdec.pairs import (
     load_pair,
 )
 from specdec.policy import FixedK, KPolicy, capped_adaptive_k
-from specdec.prompting import encode_prompt
+from specdec.prompting import Message, encode_request
 from specdec.sampling import SamplingConfig
 
 if TYPE_CHECKING:
@@ -101,14 +101,30 @@ class Pair:
         self.draft = draft
         self.auto = auto
 
-    def encode(self, prompt: str, *, chat: bool = False) -> list[int]:
-        """Prompt text -> token ids (through the target's chat template with chat=True)."""
-        return encode_prompt(self.target, prompt, chat=chat)
+    def encode(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[Message] | None = None,
+        system: str | None = None,
+        raw: bool = False,
+        chat: bool | None = None,
+    ) -> list[int]:
+        """Prompt text and/or chat messages -> token ids; chat by default (the target's chat
+        template when it has one, raw text otherwise). See ``stream`` for the arguments."""
+        if raw and chat:
+            raise ConfigError("raw=True and chat=True contradict each other")
+        return encode_request(
+            self.target, prompt, messages=messages, system=system, chat=False if raw else chat
+        )
 
     def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | None = None,
         *,
+        messages: Sequence[Message] | None = None,
+        system: str | None = None,
+        raw: bool = False,
         max_new_tokens: int = 128,
         k: int | None = None,
         adaptive: bool = False,
@@ -116,12 +132,17 @@ class Pair:
         top_k: int = 0,
         top_p: float = 1.0,
         seed: int = 0,
-        chat: bool = False,
+        chat: bool | None = None,
         stop_on_eos: bool = True,
     ) -> TextStream:
         """Start a generation; iterate the returned ``TextStream`` for text pieces.
 
-        prompt:         text, or token ids (used as they are).
+        prompt:         text, or token ids (used as they are); with a chat template the
+                        text is the last user turn (chat by default).
+        messages:       earlier chat turns, a list of {"role", "content"} (roles system,
+                        user, assistant, tool); needs a model with a chat template.
+        system:         a system prompt (needs a model with a chat template).
+        raw:            the text as it is, without the chat template.
         max_new_tokens: the most tokens to generate (>= 1).
         k:              drafts per round (0 = plain decoding; the maximum with adaptive);
                         None: the profile's adaptive choice for an auto pair, else 6.
@@ -129,15 +150,19 @@ class Pair:
         temperature:    0 = greedy (the target's own argmax output); > 0 samples.
         top_k, top_p:   truncation (0 and 1 disable), applied to draft and target alike.
         seed:           fixes the sampled output (same seed, same output).
-        chat:           apply the target's chat template to a text prompt (one user turn).
+        chat:           None (default): the chat template when the target has one, raw
+                        text otherwise; True: require the template; False: same as raw.
         stop_on_eos:    stop at the end-of-sequence token.
         """
         sampling = SamplingConfig(temperature, top_k, top_p)
         if k is not None and k < 0:
             raise ConfigError(f"k must be >= 0, got {k}")
-        ids = (
-            self.encode(prompt, chat=chat) if isinstance(prompt, str) else [int(t) for t in prompt]
-        )
+        if prompt is None or isinstance(prompt, str):
+            ids = self.encode(prompt, messages=messages, system=system, raw=raw, chat=chat)
+        elif messages is not None or system is not None:
+            raise ConfigError("token ids are used as they are: no messages or system prompt")
+        else:
+            ids = [int(t) for t in prompt]
         policy: KPolicy
         if k is None and self.auto is not None:
             policy = self.auto.policy()

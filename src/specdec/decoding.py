@@ -27,8 +27,9 @@ import torch
 
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.model import ModelDrafter
-from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError, VocabMismatchError
+from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError
 from specdec.models.base import CausalLM, cached_prefix_len, extend_last
+from specdec.models.vocab import check_vocab_sizes
 from specdec.policy import FixedK, KPolicy, RoundObservation
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.timing import Stopwatch, delta
@@ -147,11 +148,8 @@ def as_drafter(draft: CausalLM | Drafter | None, target: CausalLM) -> Drafter | 
     model: CausalLM = draft
     if model is target:
         raise ConfigError("draft and target must be separate model instances (own caches)")
-    if model.vocab_size != target.vocab_size:
-        raise VocabMismatchError(
-            f"draft vocabulary has {model.vocab_size} tokens, target has {target.vocab_size}"
-        )
-    return ModelDrafter(model)
+    check_vocab_sizes(model, target)  # equal, or padding (at most MAX_VOCAB_PAD apart)
+    return ModelDrafter(model, vocab_size=target.vocab_size)
 
 
 def context_limit(target: CausalLM, drafter: Drafter | None) -> int:

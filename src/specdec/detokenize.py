@@ -5,13 +5,20 @@ tokens, and a tokenizer may merge spaces across a token boundary), and re-decodi
 output every round costs O(n) per round. ``IncrementalDecoder`` decodes a short window: the
 text of ids[prefix:] minus the text of ids[prefix:read] is what the new tokens added, held
 back while it ends in an incomplete character (U+FFFD); then the window slides forward.
+
+Tokenizers that offer a streaming decoder of their own (``stream_decoder()``: the transformers
+backend's fast tokenizers give the ``tokenizers`` library's ``DecodeStream``) use it instead;
+the window above is the fallback (llama.cpp tokenizers, mocks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from specdec.models.base import Tokenizer
+
+StepDecoder = Callable[[int], "str | None"]
+"""One token id in, the text it completes out (None while a character is incomplete)."""
 
 _REPLACEMENT = "\ufffd"
 
@@ -24,14 +31,27 @@ class IncrementalDecoder:
         self.ids: list[int] = []
         self._prefix = 0  # window start: ids before it are never decoded again
         self._read = 0  # ids up to here have had their text returned
+        make = getattr(tokenizer, "stream_decoder", None)
+        self._step: StepDecoder | None = make() if callable(make) else None
+        self._shown: list[str] = []  # what the step decoder returned (to flush the rest)
 
     def push(self, tokens: Sequence[int]) -> str:
         """New text after appending ``tokens`` ("" while a character is incomplete)."""
-        self.ids.extend(int(t) for t in tokens)
+        new = [int(t) for t in tokens]
+        self.ids.extend(new)
+        if self._step is not None:
+            pieces = [p for p in map(self._step, new) if p]
+            self._shown.extend(pieces)
+            return "".join(pieces)
         return self._advance(final=False)
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character is shown as U+FFFD)."""
+        if self._step is not None:
+            shown, full = "".join(self._shown), self.text  # one full decode, at the end
+            rest = full[len(shown) :] if full.startswith(shown) else ""
+            self._shown.append(rest)
+            return rest
         return self._advance(final=True)
 
     @property

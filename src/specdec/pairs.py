@@ -24,8 +24,9 @@ from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM, check_same_vocabulary
+from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
+from specdec.models.vocab import check_same_vocabulary
 
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
@@ -111,7 +112,9 @@ def load_pair(
         release(draft_lm, target_lm)
         raise
     if suffix is not None:
-        return HybridDrafter(suffix, ModelDrafter(draft_lm)), target_lm
+        return HybridDrafter(
+            suffix, ModelDrafter(draft_lm, vocab_size=target_lm.vocab_size)
+        ), target_lm
     return draft_lm, target_lm
 
 

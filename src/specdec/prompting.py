@@ -1,9 +1,35 @@
-"""Prompt text -> token ids (raw, or through the model's chat template)."""
+"""Prompt text or chat messages -> token ids (raw, or through the model's chat template).
+
+Two entry points:
+- ``encode_prompt(model, text, chat=...)``: the explicit form the measurement tools use (the
+  bench, the certificate and the profile keep their own chat settings, so their results do
+  not change with the defaults below).
+- ``encode_request(model, text, messages=..., system=..., chat=...)``: what ``specdec
+  generate`` and the Python API use. Chat by default: a model with a chat template gets its
+  template (the text is the last user turn, after an optional system prompt and earlier
+  turns); a model without one gets the raw text, silently, unless a system prompt or
+  messages were given, which need a template and are an error there.
+"""
 
 from __future__ import annotations
 
-from specdec.errors import EmptyPromptError
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import ConfigError, EmptyPromptError
 from specdec.models.base import CausalLM
+
+ROLES = ("system", "user", "assistant", "tool")
+
+Message = dict[str, str]
+
+
+def has_chat_template(model: CausalLM) -> bool:
+    """Whether the model's tokenizer can apply a chat template."""
+    tok = model.tokenizer
+    return callable(getattr(tok, "apply_chat", None)) and bool(getattr(tok, "chat_template", None))
 
 
 def encode_prompt(model: CausalLM, text: str, *, chat: bool = False) -> list[int]:
@@ -11,14 +37,103 @@ def encode_prompt(model: CausalLM, text: str, *, chat: bool = False) -> list[int
     model's chat template (with the assistant header) is applied."""
     if not text.strip():
         raise EmptyPromptError("the prompt is empty")
-    tok = model.tokenizer
     if chat:
-        apply = getattr(tok, "apply_chat", None)
-        if apply is None:
-            raise EmptyPromptError("this model has no chat template; drop --chat")
-        ids: list[int] = apply([{"role": "user", "content": text}])
-    else:
-        ids = tok.encode(text, add_special_tokens=True)
+        return _apply_chat(model, [{"role": "user", "content": text}])
+    ids = model.tokenizer.encode(text, add_special_tokens=True)
+    if not ids:
+        raise EmptyPromptError("the prompt encodes to zero tokens")
+    return ids
+
+
+def check_messages(obj: Any, *, source: str = "messages") -> list[Message]:
+    """A chat as a list of {"role", "content"} dicts, checked (ConfigError names the first
+    bad entry): roles from ROLES, string content, at least one message."""
+    if not isinstance(obj, list) or not obj:
+        raise ConfigError(f"{source} must be a non-empty JSON list of {{role, content}} objects")
+    out: list[Message] = []
+    for i, m in enumerate(obj):
+        if not isinstance(m, dict):
+            raise ConfigError(f"{source}[{i}] is not an object with role and content")
+        missing = [k for k in ("role", "content") if k not in m]
+        if missing:
+            raise ConfigError(f"{source}[{i}] has no {' or '.join(missing)}")
+        role, content = m["role"], m["content"]
+        if role not in ROLES:
+            raise ConfigError(f"{source}[{i}] has role {role!r}: use one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise ConfigError(
+                f"{source}[{i}] content must be a string, got {type(content).__name__}"
+            )
+        out.append({**m, "role": role, "content": content})
+    return out
+
+
+def read_messages(path: str | Path) -> list[Message]:
+    """The messages of a JSON file (a list of {role, content}), checked."""
+    try:
+        raw = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read the messages file {path}: {e}") from e
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"the messages file {path} is not valid JSON: {e}") from e
+    return check_messages(obj, source=str(path))
+
+
+def build_messages(
+    text: str | None, messages: Sequence[Message] | None, system: str | None
+) -> list[Message]:
+    """The chat: the system prompt, then the messages, then ``text`` as the last user turn."""
+    msgs = check_messages(list(messages)) if messages is not None else []
+    if system is not None:
+        if any(m["role"] == "system" for m in msgs):
+            raise ConfigError("give the system prompt once: --system or in the messages")
+        msgs.insert(0, {"role": "system", "content": system})
+    if text is not None:
+        msgs.append({"role": "user", "content": text})
+    if not any(m["content"].strip() for m in msgs if m["role"] != "system"):
+        raise EmptyPromptError("the prompt is empty")
+    return msgs
+
+
+def encode_request(
+    model: CausalLM,
+    text: str | None,
+    *,
+    messages: Sequence[Message] | None = None,
+    system: str | None = None,
+    chat: bool | None = None,
+) -> list[int]:
+    """Token ids for a generation request, chat by default.
+
+    chat=None: the chat template when the model has one, else the raw text (silently);
+    chat=True: the template, an error without one; chat=False: raw text only (a system
+    prompt or messages are then an error). ``messages`` are earlier turns, ``text`` (when
+    given) the last user turn.
+    """
+    wants_chat = messages is not None or system is not None
+    if chat is False:
+        if wants_chat:
+            raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
+        if text is None:
+            raise EmptyPromptError("the prompt is empty")
+        return encode_prompt(model, text)
+    if not has_chat_template(model):
+        if chat or wants_chat:
+            what = "--system / --messages need" if wants_chat else "--chat needs"
+            raise ConfigError(f"this model has no chat template: {what} one")
+        if text is None:
+            raise EmptyPromptError("the prompt is empty")
+        return encode_prompt(model, text)
+    return _apply_chat(model, build_messages(text, messages, system))
+
+
+def _apply_chat(model: CausalLM, messages: list[Message]) -> list[int]:
+    apply = getattr(model.tokenizer, "apply_chat", None)
+    if apply is None:
+        raise EmptyPromptError("this model has no chat template; drop --chat")
+    ids: list[int] = apply(messages)
     if not ids:
         raise EmptyPromptError("the prompt encodes to zero tokens")
     return ids

@@ -9,7 +9,8 @@
   categorical variable whose exact distribution comes from the mock (a forward pass over the
   mock's finite context windows, applying the same sampling transform). Chi-square goodness
   of fit per (configuration, window), Holm over all of them at family-wise alpha, TV with a
-  distribution-free CI and the smallest TV detectable with 80 % power.
+  distribution-free CI and the smallest TV detectable with 80 % power. One setup uses a
+  padded pair (the draft's vocabulary 2 ids smaller than the target's).
 """
 
 from __future__ import annotations
@@ -99,10 +100,23 @@ class SampledSetup:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    # a padded pair (``models.vocab``): the draft has this many ids more (or fewer) than the
+    # target; negative is the Qwen2.5 0.5B -> 7B case, where the target can emit ids the
+    # draft model lacks
+    draft_vocab_delta: int = 0
 
     @property
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+    def pair(self, vocab: int, seed: int) -> tuple[MockLM, MockLM]:
+        """The (draft, target) mock pair of this setup."""
+        return mock_pair(
+            self.closeness,
+            vocab_size=vocab,
+            seed=seed,
+            draft_vocab_size=vocab + self.draft_vocab_delta,
+        )
 
 
 DEFAULT_SETUPS: tuple[SampledSetup, ...] = (
@@ -113,6 +127,7 @@ DEFAULT_SETUPS: tuple[SampledSetup, ...] = (
     SampledSetup("identical-K4", "identical", 4),
     SampledSetup("close-K4-T0.8-topk5-topp0.9", "close", 4, temperature=0.8, top_k=5, top_p=0.9),
     SampledSetup("ngram-K3", "close", 3, drafter="ngram"),
+    SampledSetup("padded-close-K4", "close", 4, draft_vocab_delta=-2),
 )
 
 
@@ -283,7 +298,7 @@ def sample_windows(
 ) -> dict[tuple[int, int], np.ndarray]:
     """Counts [V^m] per window from cfg.sequences independent sequences (one seed each)."""
     vocab = cfg.sampled_vocab
-    draft, target = mock_pair(setup.closeness, vocab_size=vocab, seed=cfg.seed)
+    draft, target = setup.pair(vocab, cfg.seed)
     end = max(s + m - 1 for s, m in cfg.windows)
     counts = {w: np.zeros(vocab ** w[1], dtype=np.int64) for w in cfg.windows}
     drafter = _drafter(setup.drafter, draft) if setup.k > 0 else None
@@ -322,7 +337,7 @@ def run_level2(cfg: Level2Config, *, log: ProgressLog | None = None) -> Level2Re
             raw.extend(TestRecord(**d) for d in done)
             continue
         counts = sample_windows(setup, cfg, prompt)
-        target = mock_pair(setup.closeness, vocab_size=vocab, seed=cfg.seed)[1]
+        target = setup.pair(vocab, cfg.seed)[1]
         recs = []
         for (s, m), c in counts.items():
             exact = exact_window_distribution(target, prompt, s, m, setup.sampling)

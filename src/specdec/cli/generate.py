@@ -26,7 +26,7 @@ from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
 from specdec.pairs import is_model_free, load_pair
 from specdec.policy import FixedK, KPolicy, capped_adaptive_k
-from specdec.prompting import encode_prompt
+from specdec.prompting import encode_request, read_messages
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,7 +52,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "profile's costs and the rounds' acceptance (reproducible with --seed)",
     )
     p.add_argument("--max-new-tokens", "-n", "--max-tokens", type=int, default=128)
-    p.add_argument("--chat", action="store_true", help="apply the target's chat template")
+    chat = p.add_mutually_exclusive_group()
+    chat.add_argument(
+        "--chat",
+        action="store_true",
+        help="require the target's chat template (the default uses it when the model has one)",
+    )
+    chat.add_argument(
+        "--raw", action="store_true", help="the prompt as raw text, without the chat template"
+    )
+    p.add_argument("--system", metavar="TEXT", help="system prompt (chat template models)")
+    p.add_argument(
+        "--messages",
+        metavar="FILE",
+        help="earlier chat turns: a JSON list of {role, content} (system, user, assistant, "
+        "tool); the prompt, when given, is appended as the last user turn",
+    )
     p.add_argument("--no-stop", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument("--json", action="store_true", help="print one JSON result, no streaming")
     p.add_argument(
@@ -131,20 +146,26 @@ def stats_line(res: GenerationResult, label: str = "") -> str:
 def run(args: argparse.Namespace) -> int:
     quiet_libraries()
     check_common(args)
-    if (args.prompt is None) == (args.prompt_option is None):
+    if args.prompt is not None and args.prompt_option is not None:
         raise ConfigError("give the prompt once: as the argument or with -p/--prompt")
-    prompt = read_prompt(args.prompt if args.prompt is not None else args.prompt_option)
+    if args.prompt is None and args.prompt_option is None and args.messages is None:
+        raise ConfigError("give a prompt (argument or -p/--prompt) or --messages FILE")
+    given = args.prompt if args.prompt is not None else args.prompt_option
+    prompt = read_prompt(given) if given is not None else None
+    messages = read_messages(args.messages) if args.messages is not None else None
+    if args.raw and (args.system is not None or messages is not None):
+        raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.k < 0:
         raise ConfigError(f"-k must be >= 0, got {args.k}")
     sampling_config(args)  # validate before loading anything
-    if not prompt.strip():
+    if prompt is not None and not prompt.strip():
         raise ConfigError("the prompt is empty")
     draft_cfg, target_cfg = model_configs(args)
     auto = None
     if args.auto:
-        auto = _auto_choice(args, prompt)
+        auto = _auto_choice(args, prompt or "".join(m["content"] for m in messages or []))
         print(f"[specdec] auto: {auto.label}: {auto.reason}", file=sys.stderr)
         target_cfg = dataclasses.replace(target_cfg, backend=auto.target_backend)
         draft_cfg = (
@@ -157,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     draft, target = load_pair(draft_cfg if args.k > 0 or auto else "none", target_cfg)
     t_load = time.perf_counter() - t0
-    prompt_ids = encode_prompt(target, prompt, chat=args.chat)
+    chat = True if args.chat else (False if args.raw else None)  # None: template if any
+    prompt_ids = encode_request(target, prompt, messages=messages, system=args.system, chat=chat)
     print(f"[specdec] loaded in {t_load:.1f} s; prompt {len(prompt_ids)} tokens", file=sys.stderr)
 
     if args.compare:

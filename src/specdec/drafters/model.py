@@ -8,6 +8,7 @@ import torch
 
 from specdec.drafters.base import Draft
 from specdec.models.base import CausalLM, extend_last
+from specdec.models.vocab import fit_logits
 from specdec.sampling import SamplingConfig, logits_to_probs, sample
 from specdec.timing import Stopwatch
 
@@ -25,12 +26,25 @@ class ModelDrafter:
     transform as the target. The draft cache is kept equal to the accepted context: on each
     call it is truncated to the longest prefix shared with the new context (dropping rejected
     drafts) and extended with what it has not seen yet (catching up on the last accepted draft
-    token and the target's correction in one batched call)."""
+    token and the target's correction in one batched call).
 
-    def __init__(self, model: CausalLM, name: str = "model") -> None:
+    ``vocab_size`` is the target's vocabulary size when it differs from the draft's by
+    padding (``models.vocab``): rows are fitted to it (the q rows then have the target's
+    width), and a context holding an id the draft model lacks gets no drafts."""
+
+    def __init__(self, model: CausalLM, name: str = "model", vocab_size: int | None = None) -> None:
         self.model = model
         self.name = name
+        self.vocab_size = model.vocab_size if vocab_size is None else vocab_size
         self._fed: list[int] = []  # tokens whose keys/values are in the draft cache
+
+    def _known(self, context: Sequence[int]) -> int:
+        """How many leading context tokens the draft model can take (all of them unless the
+        target's vocabulary is larger and the context holds one of its extra ids)."""
+        if self.vocab_size <= self.model.vocab_size:
+            return len(context)
+        limit = self.model.vocab_size
+        return next((i for i, t in enumerate(context) if t >= limit), len(context))
 
     @property
     def n_ctx(self) -> int:
@@ -64,6 +78,7 @@ class ModelDrafter:
         return logits[-1]
 
     def prefill(self, context: Sequence[int]) -> None:
+        context = context[: self._known(context)]
         if context:
             self._sync(context, keep_last=False)
 
@@ -81,8 +96,8 @@ class ModelDrafter:
         generator: torch.Generator,
         stopwatch: Stopwatch,
     ) -> Draft:
-        if k <= 0:
-            return Draft([], None)
+        if k <= 0 or self._known(context) < len(context):
+            return Draft([], None)  # nothing asked, or an id the draft model cannot take
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         with stopwatch.section("draft"):
@@ -90,7 +105,7 @@ class ModelDrafter:
         assert logits is not None
         for i in range(k):
             with stopwatch.section("sampling"):
-                q = logits_to_probs(logits, sampling)  # [V]
+                q = logits_to_probs(fit_logits(logits, self.vocab_size), sampling)  # [V target]
                 tok = sample(q, generator)
             tokens.append(tok)
             rows.append(q)

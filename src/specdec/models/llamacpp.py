@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -100,9 +101,23 @@ class LlamaCppTokenizer:
     transformers tokenizers do), with the GGUF's own chat template."""
 
     def __init__(self, llm: Any) -> None:
+        llama_cpp = _import_llama()
         self.llm = llm
-        self.add_bos = bool(llm._model.add_bos_token())
+        self.vocab = llama_cpp.llama_model_get_vocab(llm.model)  # llama_vocab pointer
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.chat_template: str | None = llm.metadata.get("tokenizer.chat_template")
+
+    def token_texts(self, n: int) -> list[str | None]:
+        """The vocabulary strings of ids 0..n-1 as the GGUF stores them (the same strings a
+        transformers tokenizer of the model lists), None past the model's vocabulary."""
+        llama_cpp = _import_llama()
+        have = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        return [
+            llama_cpp.llama_vocab_get_text(self.vocab, i).decode("utf-8", errors="replace")
+            if i < have
+            else None
+            for i in range(n)
+        ]
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         if not text:
@@ -240,12 +255,18 @@ class LlamaCppLM:
         self.n_ctx = int(self.llm.n_ctx())
         self.vocab_size = int(self.llm.n_vocab())
         self.n_batch = int(self.llm.n_batch)
-        eos = {int(self.llm.token_eos()), int(self.llm._model.token_eot())}
-        self.eos_token_ids = frozenset(t for t in eos if t >= 0)
         self._tokenizer = LlamaCppTokenizer(self.llm)
+        eot = llama_cpp.llama_vocab_eot(self._tokenizer.vocab)
+        eos = {int(self.llm.token_eos()), int(eot)}
+        self.eos_token_ids = frozenset(t for t in eos if t >= 0)
         self._tokens: list[int] = []
         self.extend_calls = 0
-        self.llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        # Llama() keeps its batch private (``_batch``): specdec owns one of its own, through
+        # llama.cpp's public API, freed with this object
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        weakref.finalize(self, llama_cpp.llama_batch_free, self._batch)
+        self._memory = llama_cpp.llama_get_memory(self.llm.ctx)
+        self._seq_rm(0)
 
     @property
     def tokenizer(self) -> LlamaCppTokenizer:
@@ -273,7 +294,36 @@ class LlamaCppLM:
         direct check that nothing beyond the tracked tokens (pad rows, rejected drafts)
         stayed in the cache."""
         llama_cpp = _import_llama()
-        return int(llama_cpp.llama_memory_seq_pos_max(self.llm._ctx.memory, 0))
+        return int(llama_cpp.llama_memory_seq_pos_max(self._memory, 0))
+
+    def _seq_rm(self, start: int) -> bool:
+        """Remove the sequence's cache cells at positions >= start (llama.cpp's public
+        ``llama_memory_seq_rm``; specdec uses sequence 0 only)."""
+        llama_cpp = _import_llama()
+        return bool(llama_cpp.llama_memory_seq_rm(self._memory, 0, start, -1))
+
+    def _decode(self, rows: Sequence[int], n_past: int, wanted: Sequence[bool]) -> None:
+        """One ``llama_decode`` of ``rows`` at positions n_past.. (logits for wanted rows)."""
+        llama_cpp = _import_llama()
+        b = self._batch
+        b.n_tokens = len(rows)
+        for i, (tok, out) in enumerate(zip(rows, wanted, strict=True)):
+            b.token[i] = tok
+            b.pos[i] = n_past + i
+            b.seq_id[i][0] = 0
+            b.n_seq_id[i] = 1
+            b.logits[i] = out
+        code = int(llama_cpp.llama_decode(self.llm.ctx, b))
+        if code != 0:
+            self._seq_rm(n_past)  # drop what the failed decode left behind
+            raise ModelLoadError(f"llama.cpp decode failed: llama_decode returned {code}")
+
+    def _logits(self, n_out: int) -> np.ndarray:
+        """A copy of the last decode's output rows [n_out, V]."""
+        llama_cpp = _import_llama()
+        ptr = llama_cpp.llama_get_logits(self.llm.ctx)
+        buf = np.ctypeslib.as_array(ptr, shape=(n_out * self.vocab_size,))
+        return buf.reshape(n_out, self.vocab_size).copy()
 
     def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         check_extend_args(self, tokens)
@@ -284,22 +334,17 @@ class LlamaCppLM:
             self.padded_calls += 1
             return out
         rows: list[np.ndarray] = []
-        ctx, batch, vocab = self.llm._ctx, self.llm._batch, self.vocab_size
         for start in range(0, len(toks), self.n_batch):
             chunk = toks[start : start + self.n_batch]
             is_last_chunk = start + self.n_batch >= len(toks)
             want_all = not last_only
-            batch.set_batch(batch=chunk, n_past=len(self._tokens), logits_all=want_all)
-            try:
-                ctx.decode(batch)
-            except RuntimeError as e:
-                self.truncate(len(self._tokens))  # drop what the failed decode left behind
-                raise ModelLoadError(f"llama.cpp decode failed: {e}") from e
+            # the last row is always an output row (llama.cpp's own batches do the same)
+            wanted = [want_all or i == len(chunk) - 1 for i in range(len(chunk))]
+            self._decode(chunk, len(self._tokens), wanted)
             self._tokens.extend(chunk)
             n_out = len(chunk) if want_all else 1
             if want_all or is_last_chunk:
-                buf = np.ctypeslib.as_array(ctx.get_logits(), shape=(n_out * vocab,))
-                rows.append(buf.reshape(n_out, vocab).copy())
+                rows.append(self._logits(n_out))
         self.extend_calls += 1
         return torch.from_numpy(np.concatenate(rows, axis=0))  # [n or 1, V] float32
 
@@ -308,28 +353,15 @@ class LlamaCppLM:
         the next positions; the pad rows' cache cells are removed afterwards."""
         assert self.pad_to is not None and len(toks) < self.pad_to
         n_past, n = len(self._tokens), len(toks)
-        b = self.llm._batch.batch  # the llama_batch struct (allocated for n_batch tokens)
-        b.n_tokens = self.pad_to
-        for i in range(self.pad_to):
-            b.token[i] = toks[i] if i < n else filler
-            b.pos[i] = n_past + i
-            b.seq_id[i][0] = 0
-            b.n_seq_id[i] = 1
-            b.logits[i] = i < n
-        ctx = self.llm._ctx
-        try:
-            ctx.decode(self.llm._batch)
-        except RuntimeError as e:
-            ctx.kv_cache_seq_rm(-1, n_past, -1)  # drop what the failed decode left behind
-            raise ModelLoadError(f"llama.cpp decode failed: {e}") from e
-        buf = np.ctypeslib.as_array(ctx.get_logits(), shape=(n * self.vocab_size,))
-        rows = buf.reshape(n, self.vocab_size).copy()
-        removed = ctx.kv_cache_seq_rm(-1, n_past + n, -1)
+        padded = [*toks, *[filler] * (self.pad_to - n)]
+        self._decode(padded, n_past, [i < n for i in range(self.pad_to)])
+        rows = self._logits(n)
+        removed = self._seq_rm(n_past + n)
         assert removed, "llama.cpp refused to remove the pad rows"
         self._tokens.extend(toks)
         return torch.from_numpy(rows)  # [n, V] float32
 
     def truncate(self, n_keep: int) -> None:
         check_truncate_args(self, n_keep)
-        self.llm._ctx.kv_cache_seq_rm(-1, n_keep, -1)
+        self._seq_rm(n_keep)
         del self._tokens[n_keep:]

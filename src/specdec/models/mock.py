@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -52,6 +52,9 @@ class MockSpec:
     noise: float = 0.0
     n_ctx: int = 4096
     eos_token_id: int = MockTokenizer.EOS
+    # Gaussians are drawn at this length and cut to vocab_size (0: vocab_size), so models of
+    # different vocabulary sizes (padded pairs) can share their first ids' logits.
+    draw_vocab: int = 0
 
 
 def _window_seed(seed: int, window: Sequence[int]) -> int:
@@ -87,10 +90,12 @@ class MockLM:
 
     def _logits_for_key(self, key: tuple[int, ...]) -> torch.Tensor:
         s = self.spec
-        out = s.sharpness * _gaussian(s.seed, key, s.vocab_size)
+        n = s.draw_vocab or s.vocab_size
+        assert n >= s.vocab_size, "draw_vocab must cover the vocabulary"
+        out = s.sharpness * _gaussian(s.seed, key, n)
         if s.noise:
-            out = out + s.noise * _gaussian(s.noise_seed, key, s.vocab_size)
-        return out
+            out = out + s.noise * _gaussian(s.noise_seed, key, n)
+        return out[: s.vocab_size]
 
     # -- CausalLM ------------------------------------------------------------------------
     @property
@@ -133,22 +138,26 @@ def mock_pair(
     seed: int = 0,
     order: int = 2,
     sharpness: float = 2.0,
+    draft_vocab_size: int | None = None,
 ) -> tuple[MockLM, MockLM]:
-    """(draft, target) mock models; closeness is 'identical', 'close' or 'far'."""
-    target = MockLM(MockSpec(vocab_size=vocab_size, seed=seed, order=order, sharpness=sharpness))
+    """(draft, target) mock models; closeness is 'identical', 'close' or 'far'.
+
+    ``draft_vocab_size`` (default: vocab_size) makes a padded pair: the draft has that many
+    ids, and both models draw their logits at the larger size and cut them to their own, so
+    the ids they share keep the closeness asked for ('identical' then means equal logits on
+    the shared ids)."""
+    dvocab = vocab_size if draft_vocab_size is None else draft_vocab_size
+    draw = 0 if dvocab == vocab_size else max(dvocab, vocab_size)
+    base = MockSpec(
+        vocab_size=vocab_size, seed=seed, order=order, sharpness=sharpness, draw_vocab=draw
+    )
+    target = MockLM(base)
     if closeness == "identical":
-        dspec = target.spec
+        dspec = base
     elif closeness == "close":
-        dspec = MockSpec(
-            vocab_size=vocab_size,
-            seed=seed,
-            order=order,
-            sharpness=sharpness,
-            noise_seed=seed + 1000,
-            noise=0.7,
-        )
+        dspec = replace(base, noise_seed=seed + 1000, noise=0.7)
     elif closeness == "far":
-        dspec = MockSpec(vocab_size=vocab_size, seed=seed + 7919, order=order, sharpness=sharpness)
+        dspec = replace(base, seed=seed + 7919)
     else:
         raise ValueError(f"closeness must be identical, close or far, got {closeness!r}")
-    return MockLM(dspec), target
+    return MockLM(replace(dspec, vocab_size=dvocab)), target

@@ -14,6 +14,7 @@ from specdec.bench.profile import drafter_latency, profile_context, step_latency
 from specdec.decoding import generate
 from specdec.drafters.base import Drafter
 from specdec.models.base import CausalLM, extend_last
+from specdec.models.vocab import fit_logits
 from specdec.profiler.predict import Costs, ProbeSequence, runs_from_matches
 from specdec.rejection import accept_reject
 from specdec.sampling import GREEDY, logits_to_probs, make_generator
@@ -111,18 +112,30 @@ def greedy_continuation(target: CausalLM, prompt_ids: Sequence[int], n_new: int)
 
 
 def model_draft_probe(
-    draft: CausalLM, prompt_ids: Sequence[int], continuation: Sequence[int], k_cap: int
+    draft: CausalLM,
+    prompt_ids: Sequence[int],
+    continuation: Sequence[int],
+    k_cap: int,
+    vocab_size: int | None = None,
 ) -> ProbeSequence:
     """Teacher-force the draft on prompt + continuation in one pass and record, for every
-    position, how many consecutive draft argmaxes agree with the target's tokens."""
+    position, how many consecutive draft argmaxes agree with the target's tokens.
+
+    ``vocab_size`` is the target's when the pair's vocabularies differ by padding: the draft
+    rows are fitted to it as in decoding (``models.vocab.fit_logits``), and positions after
+    an id the draft model lacks count as misses (decoding drafts nothing there)."""
     prompt = [int(t) for t in prompt_ids]
     cont = [int(t) for t in continuation]
+    known = next((i for i, t in enumerate(cont) if t >= draft.vocab_size), len(cont))
     _reset(draft)
     if len(prompt) > 1:
         extend_last(draft, prompt[:-1])
-    rows = draft.extend([prompt[-1], *cont[:-1]])  # [N, V]: row j predicts cont[j]
+    rows = draft.extend([prompt[-1], *cont[: min(known, len(cont) - 1)]])  # row j: cont[j]
     _reset(draft)
-    matches = (rows.argmax(dim=-1) == torch.tensor(cont)).tolist()
+    if vocab_size is not None:
+        rows = fit_logits(rows, vocab_size)
+    matches = (rows.argmax(dim=-1) == torch.tensor(cont[: rows.shape[0]])).tolist()
+    matches += [False] * (len(cont) - len(matches))
     return ProbeSequence(len(prompt), len(cont), run=runs_from_matches(matches, k_cap))
 
 

@@ -21,8 +21,9 @@ from typing import Any
 from specdec.decoding import generate
 from specdec.drafters.base import Drafter
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM, check_same_vocabulary
+from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
+from specdec.models.vocab import check_same_vocabulary
 from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET, is_model_free, parse_drafter, release
 from specdec.profiler import cache
 from specdec.profiler.decide import DEFAULT_MARGIN, Candidate, Recommendation, Scored, rank
@@ -235,7 +236,10 @@ def _measure(
             loaded.append(dm)
             check_same_vocabulary(dm, first)
             k_cap = max(spec.k_model)
-            seqs = [model_draft_probe(dm, p, t, k_cap) for p, t in zip(ids, conts, strict=True)]
+            seqs = [
+                model_draft_probe(dm, p, t, k_cap, first.vocab_size)
+                for p, t in zip(ids, conts, strict=True)
+            ]
             ks = spec.k_model
             name = _short(ref)
             drafters[name] = (dm, True)
