@@ -66,4 +66,4 @@ def test_same_text_as_transformers(template: str) -> None:
         MESSAGES, add_generation_prompt=True, tokenize=False
     )
     specials = {k: v for k, v in tok.special_tokens_map.items() if isinstance(v, str)}  # type: ignore[attr-defined]
-    assert render_chat(template, MESSAGES, add_generation_prompt=True, **specials) == want
+    assert render_chat(template, MESSAGES, {**specials, "add_generation_prompt": True}) == want

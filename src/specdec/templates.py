@@ -102,9 +102,9 @@ class _Deadline:
 def render_chat(
     template: str,
     messages: Sequence[Mapping[str, Any]],
+    variables: Mapping[str, Any] | None = None,
     *,
     limits: TemplateLimits | None = None,
-    **variables: Any,
 ) -> str:
     """The text of ``template`` for ``messages`` (plus variables such as bos_token,
     add_generation_prompt), rendered in the limited sandbox. Raises TemplateError."""
@@ -122,7 +122,7 @@ def render_chat(
     parts: list[str] = []
     size = 0
     try:
-        for piece in compiled.generate(messages=list(messages), **variables):
+        for piece in compiled.generate({**(variables or {}), "messages": list(messages)}):
             size += len(piece)
             if size > lim.output_chars:
                 raise TemplateError(

@@ -102,7 +102,9 @@ class HFTokenizer:
         from specdec.templates import render_chat
 
         specials = {k: v for k, v in self.tok.special_tokens_map.items() if isinstance(v, str)}
-        text = render_chat(self.tok.chat_template, messages, add_generation_prompt=True, **specials)
+        text = render_chat(
+            self.tok.chat_template, messages, {**specials, "add_generation_prompt": True}
+        )
         return self.encode(text, add_special_tokens=False)
 
 

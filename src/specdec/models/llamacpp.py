@@ -140,7 +140,9 @@ class LlamaCppTokenizer:
         bos = self.decode([self.llm.token_bos()]) if self.llm.token_bos() >= 0 else ""
         eos = self.decode([self.llm.token_eos()]) if self.llm.token_eos() >= 0 else ""
         text = render_chat(
-            self.chat_template, messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
+            self.chat_template,
+            messages,
+            {"add_generation_prompt": True, "bos_token": bos, "eos_token": eos},
         )
         return self.encode(text, add_special_tokens=False)
 
