@@ -13,6 +13,27 @@ import pytest
 
 from specdec.cli import main
 
+CASE_SECONDS = 120  # every case is bounded: a hang fails the case instead of stalling CI
+
+
+class CaseHung(BaseException):
+    """Raised by the alarm; not an OSError, so the CLI's error handling cannot swallow it."""
+
+
+@pytest.fixture(autouse=True)
+def _bounded_in_time() -> object:
+    import signal
+
+    def hung(signum: int, frame: object) -> None:
+        raise CaseHung(f"the case ran for more than {CASE_SECONDS} s (a hang)")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(CASE_SECONDS)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
 MOCK = ["--target", "mock:target", "--target-backend", "mock", "--draft-backend", "mock"]
 GEN = ["generate", *MOCK, "--draft", "mock:close", "--max-new-tokens", "4"]
 
