@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -55,14 +55,14 @@ def mock_serve_pair(
     return Pair(target, ServeMock(dspec, delay))
 
 
-@contextmanager
-def running_server(pair: Pair, **config: Any) -> Iterator[str]:
-    """Serve ``pair`` on a free loopback port; yields the base URL (``http://.../v1`` minus
-    the ``/v1``). ``config``: ServeConfig fields, and ServeSettings fields (k, ...)."""
+def start_server(pair: Pair, **config: Any) -> tuple[str, Callable[[], None]]:
+    """Serve ``pair`` on a free loopback port in a thread: (base URL, stop). ``config``:
+    ServeConfig and ServeSettings fields, and ``shutdown_timeout`` (uvicorn's graceful wait)."""
     import uvicorn
 
     from specdec.serve import ServeConfig, ServeSettings, create_app
 
+    shutdown_timeout = config.pop("shutdown_timeout", 5.0)
     settings_keys = {"model_name", "k", "adaptive", "default_max_tokens"}
     settings = ServeSettings(
         **{"model_name": "mock", **{k: v for k, v in config.items() if k in settings_keys}}
@@ -73,7 +73,9 @@ def running_server(pair: Pair, **config: Any) -> Iterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=shutdown_timeout)
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -81,9 +83,22 @@ def running_server(pair: Pair, **config: Any) -> Iterator[str]:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
+
+    def stop() -> None:
         server.should_exit = True
-        thread.join(20)
+        thread.join(30)
         sock.close()
+        if thread.is_alive():
+            raise RuntimeError("the test server did not stop")
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+@contextmanager
+def running_server(pair: Pair, **config: Any) -> Iterator[str]:
+    """``start_server`` as a context manager yielding the base URL."""
+    base, stop = start_server(pair, **config)
+    try:
+        yield base
+    finally:
+        stop()

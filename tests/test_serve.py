@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+import torch
 
-from serve_harness import mock_serve_pair, running_server
+from serve_harness import ServeMock, mock_serve_pair, running_server, start_server
 from specdec.api import Pair
+from specdec.models.mock import MockSpec
 
 pytest.importorskip("fastapi")
 pytest.importorskip("sse_starlette")
@@ -411,3 +413,65 @@ def test_the_command_is_registered_lazily() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "serve" in proc.stdout and proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+class Flaky(ServeMock):
+    """Raises on its n-th forward pass (a backend failing mid-generation)."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__(MockSpec(vocab_size=64, n_ctx=512, eos_token_id=65))
+        self.fail_at = fail_at
+
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        if self.extend_calls + 1 == self.fail_at:
+            self.extend_calls += 1
+            raise RuntimeError("backend failure")
+        return super().extend(tokens, last_only=last_only)
+
+
+def test_a_failing_generation_is_a_500_and_the_next_request_starts_clean() -> None:
+    flaky = Flaky(fail_at=3)
+    with running_server(Pair(flaky, None)) as base:
+        body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+        r = post(base, "/v1/completions", body)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert "backend failure" not in r.text  # no internals leak
+        again = post(base, "/v1/completions", body)
+        events = sse(base, "/v1/completions", body)
+    reference = Pair(ServeMock(flaky.spec), None).generate(
+        text_ids(flaky, PROMPT), max_new_tokens=6, stop_on_eos=False
+    )
+    assert again.status_code == 200 and again.json()["choices"][0]["text"] == reference.text
+    assert streamed_text(events, chat=False) == reference.text
+
+
+def text_ids(model: ServeMock, text: str) -> list[int]:
+    return model.tokenizer.encode(text, add_special_tokens=True)
+
+
+def test_shutdown_with_a_stream_in_flight_cancels_it_and_waits_for_the_worker() -> None:
+    slow = mock_serve_pair(draft="none", delay=0.05)
+    base, stop = start_server(slow, shutdown_timeout=0.5)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        body = {"prompt": PROMPT, "max_tokens": 500, "stream": True}
+        try:
+            with httpx.stream("POST", base + "/v1/completions", json=body, timeout=30) as r:
+                for line in r.iter_lines():
+                    lines.append(line)
+                    started.set()
+        except httpx.HTTPError:
+            pass  # the server closed the connection: expected after the graceful wait
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert started.wait(10)
+    t0 = time.monotonic()
+    stop()  # graceful wait 0.5 s, then the stream is cancelled and the worker drained
+    reader.join(10)
+    assert not reader.is_alive() and time.monotonic() - t0 < 10
+    n = slow.target.n_cached
+    time.sleep(0.3)
+    assert slow.target.n_cached == n < 200  # stopped, long before its 500 tokens
