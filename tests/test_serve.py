@@ -475,3 +475,61 @@ def test_shutdown_with_a_stream_in_flight_cancels_it_and_waits_for_the_worker() 
     n = slow.target.n_cached
     time.sleep(0.3)
     assert slow.target.n_cached == n < 200  # stopped, long before its 500 tokens
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+MOCK_ARGS = ["--target", "mock:target", "--target-backend", "mock"]
+MOCK_ARGS += ["--draft", "mock:close", "--draft-backend", "mock"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--port", "70000"],
+        ["-k", "-1"],
+        ["--max-queue", "-1"],
+        ["--max-tokens", "0"],
+        ["--api-key", " "],
+        ["--max-body-bytes", "10"],
+    ],
+)
+def test_serve_flags_are_checked_before_loading(
+    bad: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specdec.cli import main
+
+    assert main(["serve", *MOCK_ARGS, *bad]) == 2
+    assert capsys.readouterr().err.startswith("specdec: error: ")
+
+
+def test_specdec_serve_starts_answers_and_stops_on_sigterm() -> None:
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "specdec", "serve", *MOCK_ARGS, "--port", str(port), "-k", "3"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline, "did not start"
+                time.sleep(0.2)
+        d = post(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 5, "temperature": 0})
+        assert d.status_code == 200 and d.json()["model"] == "mock:target"
+        assert d.json()["usage"]["verification_rounds"] >= 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    # uvicorn shuts down gracefully, then re-raises the signal (exit by SIGTERM, as it came)
+    assert proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in err, err
+    assert "serving 'mock:target'" in err
