@@ -533,3 +533,32 @@ def test_specdec_serve_starts_answers_and_stops_on_sigterm() -> None:
     # uvicorn shuts down gracefully, then re-raises the signal (exit by SIGTERM, as it came)
     assert proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in err, err
     assert "serving 'mock:target'" in err
+
+
+def test_serve_auto_loads_the_profile_choice_and_leaves_k_to_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import uvicorn
+
+    import specdec.api
+    from specdec.cli import main
+    from specdec.policy import FixedK
+
+    class Choice:
+        label, reason = "plain on mock", "nothing beats it"
+
+        def policy(self) -> FixedK:
+            return FixedK(0)
+
+    seen: dict[str, Any] = {}
+
+    def fake_load(*args: Any, **kw: Any) -> Pair:
+        seen["load"] = kw
+        return Pair(mock_serve_pair(draft="none").target, None, Choice())  # type: ignore[arg-type]
+
+    monkeypatch.setattr(specdec.api, "load", fake_load)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, run=kw))
+    assert main(["serve", "--auto", *MOCK_ARGS, "--port", "0"]) == 0
+    assert seen["load"]["auto"] is True
+    assert seen["app"].state.specdec.config.settings.k is None  # requests without n_max: auto
+    assert "auto: plain on mock" in capsys.readouterr().err

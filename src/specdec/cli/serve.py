@@ -6,11 +6,15 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdec.cli import command_help
 from specdec.cli.common import add_model_args, check_common, model_configs, quiet_libraries
 from specdec.errors import ConfigError
 from specdec.pairs import load_pair, release
+
+if TYPE_CHECKING:
+    from specdec.api import Pair
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 
@@ -33,6 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-k", type=int, default=6, help="draft tokens per round; 0 = plain decoding")
     p.add_argument("--adaptive", action="store_true", help="adapt K each round (K = maximum)")
+    p.add_argument(
+        "--auto",
+        action="store_true",
+        help="serve what `specdec profile` recommends for this machine (profiled once, "
+        "cached): backend, drafter or plain, K adapted per round; requests may still set K",
+    )
     p.add_argument(
         "--max-tokens",
         "-n",
@@ -83,20 +93,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from specdec.api import Pair
         from specdec.serve import ServeConfig, ServeSettings, create_app
     except ImportError as e:
         raise ConfigError(
             f"specdec serve needs the serve extra ({e.name} is missing): "
             "pip install 'specdec[serve]'"
         ) from e
-    draft_cfg, target_cfg = model_configs(args)
-    draft, target = load_pair(draft_cfg if args.k > 0 else "none", target_cfg)
+    pair = _load(args)
     name = args.served_model_name or Path(args.target).name.removesuffix(".gguf")
     config = ServeConfig(
         settings=ServeSettings(
             model_name=name,
-            k=args.k,
+            k=None if args.auto else args.k,
             adaptive=args.adaptive,
             default_max_tokens=args.default_max_tokens,
         ),
@@ -104,10 +112,10 @@ def run(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
     )
-    app = create_app(Pair(target, draft), config)
+    app = create_app(pair, config)
+    how = "auto" if args.auto else f"K={args.k}{', adaptive' if args.adaptive else ''}"
     print(
-        f"[specdec] serving {name!r} on http://{args.host}:{args.port}/v1 "
-        f"(K={args.k}{', adaptive' if args.adaptive else ''}, "
+        f"[specdec] serving {name!r} on http://{args.host}:{args.port}/v1 ({how}, "
         f"{'API key required' if args.api_key else 'no API key'})",
         file=sys.stderr,
     )
@@ -120,5 +128,29 @@ def run(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=args.shutdown_timeout,
         )
     finally:
-        release(draft, target)
+        release(pair.draft, pair.target)
     return 0
+
+
+def _load(args: argparse.Namespace) -> Pair:
+    """The pair to serve: as ``generate`` loads it, or the profile's choice with --auto."""
+    from specdec.api import Pair, load
+
+    if args.auto:
+        pair = load(
+            args.target,
+            args.draft,
+            target_backend=args.target_backend,
+            draft_backend=args.draft_backend,
+            device=args.device,
+            dtype=args.dtype,
+            n_ctx=args.n_ctx,
+            n_threads=args.threads,
+            auto=True,
+        )
+        if pair.auto is not None:
+            print(f"[specdec] auto: {pair.auto.label}: {pair.auto.reason}", file=sys.stderr)
+        return pair
+    draft_cfg, target_cfg = model_configs(args)
+    draft, target = load_pair(draft_cfg if args.k > 0 else "none", target_cfg)
+    return Pair(target, draft)

@@ -28,7 +28,7 @@ class ServeSettings:
     """What the server was started with (the defaults a request may override)."""
 
     model_name: str
-    k: int = 6
+    k: int | None = 6  # None: the pair's own choice (the profile's policy of an --auto pair)
     adaptive: bool = False
     default_max_tokens: int = 512
 
@@ -39,7 +39,7 @@ class GenerationParams:
 
     prompt_ids: list[int]
     max_new_tokens: int
-    k: int
+    k: int | None
     temperature: float
     top_k: int
     top_p: float
