@@ -119,10 +119,14 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
     auth = _auth_dependency(config.api_key)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> Response:
         eng = state.engine
-        status = "shutting_down" if eng.closing else "ok"
-        return {"status": status, "running": eng.running, "waiting": eng.waiting}
+        body = {
+            "status": "shutting_down" if eng.closing else "ok",
+            "running": eng.running,
+            "waiting": eng.waiting,
+        }
+        return JSONResponse(body, status_code=503 if eng.closing else 200)
 
     @app.get("/v1/models", dependencies=[Depends(auth)])
     async def models() -> ModelList:
@@ -137,13 +141,15 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
     @app.post("/v1/completions", dependencies=[Depends(auth)], response_model=None)
     async def completions(req: CompletionRequest, request: Request) -> Response:
         _check_model(req, config)
-        params = plan(pair, req, text_prompt(pair, req), config.settings)
+        ids = await asyncio.to_thread(text_prompt, pair, req)  # a long prompt: off the loop
+        params = plan(pair, req, ids, config.settings)
         return await _respond(state, req, params, request, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
     async def chat_completions(req: ChatRequest, request: Request) -> Response:
         _check_model(req, config)
-        params = plan(pair, req, chat_prompt(pair, req), config.settings)
+        ids = await asyncio.to_thread(chat_prompt, pair, req)
+        params = plan(pair, req, ids, config.settings)
         return await _respond(state, req, params, request, chat=True)
 
     def record(path: str, status: int) -> None:

@@ -1,7 +1,9 @@
 """From a validated request to a generation on the worker thread, and back to response bodies.
 
-``plan`` turns a request into ``GenerationParams`` on the event loop (tokenising the prompt
-and checking it fits, so that every user error is a 400 before anything is queued);
+``text_prompt`` / ``chat_prompt`` tokenise (the app runs them in a helper thread: tokenisers
+only read their vocabulary, so this is safe beside a running generation) and ``plan`` checks
+that the prompt fits and fills in defaults, so that every user error is a 400 before anything
+is queued;
 ``work`` is what runs on the worker thread (``Pair.stream`` round by round, checking for
 cancellation between rounds); ``usage`` and ``timings`` give the statistics fields.
 """
