@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -65,6 +66,8 @@ from specdec.serve.schemas import (
     Usage,
 )
 
+_R = TypeVar("_R", CompletionRequest, ChatRequest)
+
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
 
@@ -86,6 +89,13 @@ class _State:
     engine: Engine
     metrics: ServerMetrics
     created: int
+    tokenize_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def tokenize(self, how: Callable[[Pair, _R], list[int]], req: _R) -> list[int]:
+        """A prompt's ids, one request at a time (a transformers tokenizer may reconfigure
+        itself inside a call; decoding on the worker thread only reads it)."""
+        with self.tokenize_lock:
+            return how(self.pair, req)
 
 
 def _reset_caches(pair: Pair) -> None:
@@ -141,14 +151,14 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
     @app.post("/v1/completions", dependencies=[Depends(auth)], response_model=None)
     async def completions(req: CompletionRequest, request: Request) -> Response:
         _check_model(req, config)
-        ids = await asyncio.to_thread(text_prompt, pair, req)  # a long prompt: off the loop
+        ids = await asyncio.to_thread(state.tokenize, text_prompt, req)  # off the event loop
         params = plan(pair, req, ids, config.settings)
         return await _respond(state, req, params, request, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
     async def chat_completions(req: ChatRequest, request: Request) -> Response:
         _check_model(req, config)
-        ids = await asyncio.to_thread(chat_prompt, pair, req)
+        ids = await asyncio.to_thread(state.tokenize, chat_prompt, req)
         params = plan(pair, req, ids, config.settings)
         return await _respond(state, req, params, request, chat=True)
 
