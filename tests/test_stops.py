@@ -130,3 +130,15 @@ def test_cli_stop_is_exact_and_repeatable(capsys: pytest.CaptureFixture[str]) ->
     assert res["text"] == text[: text.find(stop)] and res["finish_reason"] == "stop"
     assert main([*argv, "--stop", ""]) == 2
     assert "empty" in capsys.readouterr().err
+
+
+def test_compare_with_a_stop_compares_the_cut_text(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "hi", "--target", "mock:target", "--draft", "mock:identical"]
+    argv += ["--draft-backend", "mock", "--target-backend", "mock", "-k", "4", "--no-stop"]
+    argv += ["-n", "30", "--json"]
+    assert main(argv) == 0
+    text = json.loads(capsys.readouterr().out)["text"]
+    assert main([*argv, "--compare", "--stop", text[13:19]]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["identical_output"] is True and res["text"] == text[: text.find(text[13:19])]
+    assert len(res["speculative"]["tokens"]) != len(res["plain"]["tokens"])  # rounds differ

@@ -192,6 +192,11 @@ def run(args: argparse.Namespace) -> int:
         # wall clock including prefill, per generated token (robust to different lengths)
         speedup = spec.e2e_tokens_per_second / plain.e2e_tokens_per_second
         same = spec.tokens == plain.tokens
+        if args.stop:  # each run stops at the round that completes the stop: compare the text
+            texts = [
+                cut_at_stop(target.tokenizer.decode(r.tokens), args.stop) for r in (spec, plain)
+            ]
+            same = texts[0] == texts[1]
         if args.json:
             print(
                 json.dumps(
