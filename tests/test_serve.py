@@ -562,3 +562,16 @@ def test_serve_auto_loads_the_profile_choice_and_leaves_k_to_it(
     assert seen["load"]["auto"] is True
     assert seen["app"].state.specdec.config.settings.k is None  # requests without n_max: auto
     assert "auto: plain on mock" in capsys.readouterr().err
+
+
+def test_a_non_streaming_client_that_leaves_cancels_its_generation() -> None:
+    slow = mock_serve_pair(draft="none", delay=0.05)
+    with running_server(slow) as base:
+        body = {"prompt": PROMPT, "max_tokens": 400}
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+            httpx.post(base + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.5))
+        name = 'specdec_generations_total{finish_reason="cancelled"}'
+        wait_for(lambda: metric(base, name) == 1)
+        assert slow.target.n_cached < 100  # stopped long before its 400 tokens
+        r = post(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+        assert r.status_code == 200  # the model is free again
