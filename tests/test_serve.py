@@ -237,6 +237,13 @@ def test_every_bad_field_is_a_400_naming_it(url: str, change: dict[str, Any], pa
     assert err["message"]
 
 
+def test_null_means_the_default(url: str) -> None:
+    nulls = {"temperature": None, "top_p": None, "top_k": None, "n": None, "stream": None}
+    nulls |= {"seed": None, "stop": None, "max_tokens": None, "speculative": None}
+    r = post(url, "/v1/completions", {"prompt": PROMPT, **nulls, "max_tokens": 3})
+    assert r.status_code == 200, r.text
+
+
 def test_bad_chat_fields(url: str) -> None:
     for body, param in [
         ({"messages": []}, "messages"),

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from specdec.serve.errors import FieldError
 
@@ -74,6 +74,12 @@ class GenerationFields(BaseModel):
     stream_options: StreamOptions | None = None
     speculative: Speculative | None = None
     speculative_n_max: int | None = Field(default=None, alias="speculative.n_max", ge=0, le=64)
+
+    @field_validator("temperature", "top_p", "top_k", "n", "stream", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, v: Any, info: ValidationInfo) -> Any:
+        """Clients that send every field send null for "unset"."""
+        return cls.model_fields[str(info.field_name)].default if v is None else v
 
     @field_validator("stop")
     @classmethod
