@@ -277,7 +277,8 @@ async def _respond(
     finally:
         job.cancel()  # no-op when finished; stops the generation when the client left
     completion: Completion | None = message.value
-    assert completion is not None
+    if completion is None:  # cancelled by a shutdown
+        raise APIError(503, "the server is shutting down; the request was cancelled")
     return JSONResponse(_final_body(completion, ids, chat=chat))
 
 
