@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
-	$(PY) -m pip install -e '.[llamacpp,dev]'
+	$(PY) -m pip install -e '.[llamacpp,dev,serve]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -97,7 +97,8 @@ def test_models_do_not_import_drafters_and_the_core_not_the_tools() -> None:
     graph = _import_graph()
     assert "drafters" not in graph["models"]
     for low in ("models", "drafters", "hub", "decoding", "sampling", "rejection", "verifiers"):
-        assert not graph[low] & {"bench", "certify", "cli", "pairs", "api"}, low
+        assert not graph[low] & {"bench", "certify", "cli", "pairs", "api", "serve"}, low
+    assert "serve" not in graph["api"] and "cli" not in graph["serve"]  # the server sits on top
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["models", "list"], ["models", "--help"]])

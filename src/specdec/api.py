@@ -12,12 +12,12 @@ Everything here is a thin layer over ``specdec.pairs`` (loading) and ``specdec.d
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
-from specdec.decoding import Generation, GenerationResult, generate_stream
+from specdec.decoding import Generation, GenerationResult, RoundEvent, generate_stream
 from specdec.detokenize import IncrementalDecoder
 from specdec.drafters.base import Drafter
 from specdec.errors import ConfigError
@@ -34,15 +34,20 @@ from specdec.pairs import (
 from specdec.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.prompting import Message, encode_request
 from specdec.sampling import SamplingConfig
+from specdec.stops import StopMatcher, check_stops
 
 if TYPE_CHECKING:
     from specdec.profiler.auto import AutoChoice
 
 
-@dataclass
+@dataclasses.dataclass
 class Completion:
     """What ``Pair.generate`` returns: the text, and the full ``GenerationResult`` (token ids,
-    rounds, acceptance by position, time split) as ``result``. ``str(c)`` is the text."""
+    rounds, acceptance by position, time split) as ``result``. ``str(c)`` is the text.
+
+    The text ends right before the first stop string (``finish_reason`` "stop"); the
+    end-of-sequence token ends the generation but adds no text. ``tokens`` are all the tokens
+    generated, including those a stop string cut from the text."""
 
     text: str
     result: GenerationResult
@@ -50,6 +55,11 @@ class Completion:
     @property
     def tokens(self) -> list[int]:
         return self.result.tokens
+
+    @property
+    def finish_reason(self) -> str:
+        """ "eos", "length", "context", "stop" (a stop string) or "cancelled"."""
+        return self.result.finish_reason
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -60,25 +70,64 @@ class Completion:
         return self.text
 
 
-class TextStream:
-    """Iterate for text pieces as rounds are accepted; ``completion`` is set at the end
-    (``run()`` drains the stream and returns it)."""
+@dataclasses.dataclass
+class TextDelta:
+    """The text one round added (possibly "": a character or a stop string is incomplete) and
+    the round's event (None for the text released when the generation ends)."""
 
-    def __init__(self, generation: Generation, decoder: IncrementalDecoder) -> None:
+    text: str
+    event: RoundEvent | None
+
+
+class TextStream:
+    """Iterate for text pieces as rounds are accepted (``deltas()`` for one entry per round);
+    ``completion`` is set at the end (``run()`` drains the stream and returns it); ``cancel()``
+    ends it between rounds. With stop strings, no text at or after the first stop string is
+    ever yielded, and the generation ends at the round that completes it."""
+
+    def __init__(
+        self,
+        generation: Generation,
+        decoder: IncrementalDecoder,
+        stops: Sequence[str] = (),
+        hidden: frozenset[int] = frozenset(),
+    ) -> None:
         self.generation = generation
         self._decoder = decoder
+        self._stops = StopMatcher(stops)
+        self._hidden = hidden  # token ids that add no text (end-of-sequence)
+        self._text: list[str] = []
         self.completion: Completion | None = None
 
     def __iter__(self) -> Iterator[str]:
+        for delta in self.deltas():
+            if delta.text:
+                yield delta.text
+
+    def deltas(self) -> Iterator[TextDelta]:
         for event in self.generation:
-            piece = self._decoder.push(event.tokens)
-            if piece:
-                yield piece
-        tail = self._decoder.flush()
+            shown = [t for t in event.tokens if t not in self._hidden]
+            piece = self._shown(self._stops.push(self._decoder.push(shown)))
+            if self._stops.stopped:
+                self.generation.stop("stop")  # no further round runs
+            yield TextDelta(piece, event)
+        tail = "" if self._stops.stopped else self._stops.push(self._decoder.flush())
+        tail = self._shown(tail + self._stops.flush())
         if tail:
-            yield tail
-        assert self.generation.result is not None
-        self.completion = Completion(self._decoder.text, self.generation.result)
+            yield TextDelta(tail, None)
+        result = self.generation.result
+        assert result is not None
+        if self._stops.stopped and result.finish_reason != "stop":  # found in the last text
+            result = dataclasses.replace(result, finish_reason="stop")
+        self.completion = Completion("".join(self._text), result)
+
+    def _shown(self, piece: str) -> str:
+        self._text.append(piece)
+        return piece
+
+    def cancel(self) -> GenerationResult:
+        """End the generation after the round in progress (finish_reason "cancelled")."""
+        return self.generation.stop("cancelled")
 
     def run(self) -> Completion:
         for _ in self:
@@ -134,6 +183,7 @@ class Pair:
         seed: int = 0,
         chat: bool | None = None,
         stop_on_eos: bool = True,
+        stop: str | Sequence[str] | None = None,
     ) -> TextStream:
         """Start a generation; iterate the returned ``TextStream`` for text pieces.
 
@@ -153,8 +203,11 @@ class Pair:
         chat:           None (default): the chat template when the target has one, raw
                         text otherwise; True: require the template; False: same as raw.
         stop_on_eos:    stop at the end-of-sequence token.
+        stop:           stop strings (one or several): the text ends right before the first
+                        occurrence of any of them, even across tokens and rounds.
         """
         sampling = SamplingConfig(temperature, top_k, top_p)
+        stops = check_stops(stop)
         if k is not None and k < 0:
             raise ConfigError(f"k must be >= 0, got {k}")
         if prompt is None or isinstance(prompt, str):
@@ -184,7 +237,8 @@ class Pair:
             seed=seed,
             stop_on_eos=stop_on_eos,
         )
-        return TextStream(generation, IncrementalDecoder(self.target.tokenizer))
+        hidden = self.target.eos_token_ids if stop_on_eos else frozenset()
+        return TextStream(generation, IncrementalDecoder(self.target.tokenizer), stops, hidden)
 
     def _drained(  # type: ignore[misc]
         stream: Callable[Concatenate[Pair, _P], TextStream],

@@ -67,7 +67,7 @@ class GenerationResult:
     prompt_ids: list[int]
     tokens: list[int]
     rounds: list[RoundStats]
-    finish_reason: str  # "length" | "eos" | "context"
+    finish_reason: str  # "length" | "eos" | "context" | "stop" (a stop string) | "cancelled"
     t_prefill: float
     t_total: float  # wall time of prefill plus all rounds
     drafter: str = "none"
@@ -89,12 +89,46 @@ class GenerationResult:
 
     @property
     def mean_tokens_per_round(self) -> float:
-        """Tokens emitted per round (1 + mean accepted drafts, before cuts)."""
+        """Tokens kept per round, after the EOS / length cuts (``mean_acceptance_length`` is
+        the same figure before the cuts)."""
         return len(self.tokens) / len(self.rounds) if self.rounds else float("nan")
 
     @property
     def mean_accepted_per_round(self) -> float:
         return float(np.mean([r.n_accepted for r in self.rounds])) if self.rounds else 0.0
+
+    # -- the names other tools use (definitions: docs/metrics.md) ----------------------------
+    @property
+    def drafted_tokens(self) -> int:
+        """Draft tokens proposed, summed over rounds (llama.cpp ``draft_n``)."""
+        return sum(r.k for r in self.rounds)
+
+    @property
+    def accepted_tokens(self) -> int:
+        """Draft tokens the verifier kept, summed over rounds (llama.cpp ``draft_n_accepted``)."""
+        return sum(r.n_accepted for r in self.rounds)
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        """accepted_tokens / drafted_tokens (vLLM's per-drafted-token rate; nan undrafted)."""
+        drafted = self.drafted_tokens
+        return self.accepted_tokens / drafted if drafted else float("nan")
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens the rounds produced per verification round, the bonus/correction token
+        included: (accepted_tokens + rounds) / rounds, taken before the EOS / length / stop
+        cuts (1.0 for plain decoding; nan without rounds)."""
+        n = len(self.rounds)
+        return (self.accepted_tokens + n) / n if n else float("nan")
+
+    def accepted_length_histogram(self) -> list[int]:
+        """Rounds by drafts accepted: entry j counts the rounds that kept exactly j drafts
+        (j = 0..max K; a round then produced j + 1 tokens)."""
+        hist = [0] * (max((r.k for r in self.rounds), default=0) + 1)
+        for r in self.rounds:
+            hist[r.n_accepted] += 1
+        return hist
 
     def acceptance_counts(self) -> tuple[list[int], list[int]]:
         """(reached[i], accepted[i]) for draft position i = 1..max K (0-based lists)."""
@@ -132,6 +166,12 @@ class GenerationResult:
             "mean_tokens_per_round": self.mean_tokens_per_round,
             "mean_accepted_per_round": self.mean_accepted_per_round,
             "acceptance_by_position": self.acceptance_by_position(),
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "verification_rounds": len(self.rounds),
+            "draft_acceptance_rate": self.draft_acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "accepted_length_histogram": self.accepted_length_histogram(),
             "time_split": self.time_split(),
             "t_total": self.t_total,
             "round_stats": [asdict(r) for r in self.rounds],
@@ -294,6 +334,7 @@ def _run(
     reuse_prefix: bool,
     verifier: Verifier,
     n_ctx: int,
+    control: _Control,
 ) -> Generator[RoundEvent, None, GenerationResult]:
     verify_gen = make_generator(seed)
     draft_gen = verify_gen if draft_seed is None else make_generator(draft_seed)
@@ -307,7 +348,7 @@ def _run(
         _prefill(target, drafter, ctx, reuse_prefix)
     t_prefill = time.perf_counter() - t_start
 
-    while len(out) < max_new_tokens:
+    while len(out) < max_new_tokens and control.stop_reason is None:
         if len(ctx) >= n_ctx:
             finish = "context"
             break
@@ -340,6 +381,8 @@ def _run(
             finish = "eos"
             break
 
+    if control.stop_reason is not None:  # the caller ended it (it saw the last round)
+        finish = control.stop_reason
     return GenerationResult(
         prompt_ids=list(prompt_ids),
         tokens=out,
@@ -351,19 +394,34 @@ def _run(
     )
 
 
+@dataclass
+class _Control:
+    """What the caller of a running generation asks of the loop (read between rounds)."""
+
+    stop_reason: str | None = None
+
+
 class Generation:
     """A running generation: iterate it for one ``RoundEvent`` per round; ``result`` is the
     ``GenerationResult`` once the iteration has ended (None while running, or when the
-    caller stopped early). ``run()`` drains it and returns the result."""
+    caller closed it). ``run()`` drains it and returns the result; ``stop(reason)`` ends it
+    after the round just seen (a stop string, a cancelled request) and returns the result."""
 
-    def __init__(self, rounds: Generator[RoundEvent, None, GenerationResult]) -> None:
+    def __init__(
+        self,
+        rounds: Generator[RoundEvent, None, GenerationResult],
+        control: _Control | None = None,
+    ) -> None:
         self._rounds = rounds
+        self._control = control if control is not None else _Control()
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[RoundEvent]:
         return self
 
     def __next__(self) -> RoundEvent:
+        if self.result is not None:  # ended (stop() drains it from inside an iteration)
+            raise StopIteration
         try:
             return next(self._rounds)
         except StopIteration as stop:
@@ -373,6 +431,16 @@ class Generation:
     def run(self) -> GenerationResult:
         for _ in self:
             pass
+        assert self.result is not None
+        return self.result
+
+    def stop(self, reason: str = "stop") -> GenerationResult:
+        """End the generation after the last round yielded (no further round runs) and return
+        its result, whose ``finish_reason`` is ``reason`` unless it had already ended."""
+        if self.result is None:
+            self._control.stop_reason = reason
+            for _ in self:  # the loop reads the request before starting another round
+                raise AssertionError("a round ran after stop()")
         assert self.result is not None
         return self.result
 
@@ -425,6 +493,7 @@ def generate_stream(
     for t in prompt_ids:
         if not 0 <= int(t) < target.vocab_size:
             raise ConfigError(f"prompt token id {t} outside the vocabulary")
+    control = _Control()
     return Generation(
         _run(
             target,
@@ -439,7 +508,9 @@ def generate_stream(
             reuse_prefix=reuse_prefix,
             verifier=verifier,
             n_ctx=n_ctx,
-        )
+            control=control,
+        ),
+        control,
     )
 
 

@@ -36,6 +36,10 @@ COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
             "specdec.cli.certify",
             "certify that speculative decoding is lossless (3 levels + batch-invariance probe)",
         ),
+        "serve": (
+            "specdec.cli.serve",
+            "serve the target over the OpenAI API with speculative decoding inside",
+        ),
     }
 )
 

@@ -27,6 +27,7 @@ from specdec.models.base import CausalLM
 from specdec.pairs import is_model_free, load_pair
 from specdec.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.prompting import encode_request, read_messages
+from specdec.stops import StopMatcher, check_stops, cut_at_stop
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -69,6 +70,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tool); the prompt, when given, is appended as the last user turn",
     )
     p.add_argument("--no-stop", action="store_true", help="do not stop at end-of-sequence")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="S",
+        help="stop right before the first occurrence of S (repeatable; exact across tokens "
+        "and rounds: the text after it is never printed)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON result, no streaming")
     p.add_argument(
         "--compare",
@@ -107,6 +116,7 @@ def _run_once(
     else:
         policy = _policy(args, draft is not None)
     decoder = IncrementalDecoder(target.tokenizer)
+    stops = StopMatcher(args.stop or ())
     run = generate_stream(
         target,
         draft if k != 0 else None,
@@ -118,13 +128,19 @@ def _run_once(
         stop_on_eos=not args.no_stop,
     )
     for ev in run:
+        piece = stops.push(decoder.push(ev.tokens))
+        if stops.stopped:
+            run.stop("stop")
         if stream_to is not None:
-            stream_to.write(decoder.push(ev.tokens))
+            stream_to.write(piece)
             stream_to.flush()
+    tail = stops.push(decoder.flush()) + stops.flush()
     if stream_to is not None:
-        stream_to.write(decoder.flush() + "\n")
+        stream_to.write(tail + "\n")
         stream_to.flush()
     assert run.result is not None
+    if stops.stopped and run.result.finish_reason != "stop":  # found in the flushed text
+        return dataclasses.replace(run.result, finish_reason="stop")
     return run.result
 
 
@@ -160,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     if args.k < 0:
         raise ConfigError(f"-k must be >= 0, got {args.k}")
     sampling_config(args)  # validate before loading anything
+    check_stops(args.stop)
     if prompt is not None and not prompt.strip():
         raise ConfigError("the prompt is empty")
     draft_cfg, target_cfg = model_configs(args)
@@ -197,6 +214,11 @@ def run(args: argparse.Namespace) -> int:
         # wall clock including prefill, per generated token (robust to different lengths)
         speedup = spec.e2e_tokens_per_second / plain.e2e_tokens_per_second
         same = spec.tokens == plain.tokens
+        if args.stop:  # each run stops at the round that completes the stop: compare the text
+            texts = [
+                cut_at_stop(target.tokenizer.decode(r.tokens), args.stop) for r in (spec, plain)
+            ]
+            same = texts[0] == texts[1]
         if args.json:
             print(
                 json.dumps(
@@ -206,7 +228,9 @@ def run(args: argparse.Namespace) -> int:
                             "speculative": spec.to_dict(),
                             "speedup": speedup,
                             "identical_output": same,
-                            "text": target.tokenizer.decode(spec.tokens),
+                            "text": cut_at_stop(
+                                target.tokenizer.decode(spec.tokens), args.stop or ()
+                            ),
                         }
                     ),
                     allow_nan=False,
@@ -229,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     res = _run_once(target, draft, prompt_ids, args, None, None if args.json else sys.stdout, auto)
     if args.json:
         out = res.to_dict()
-        out["text"] = target.tokenizer.decode(res.tokens)
+        out["text"] = cut_at_stop(target.tokenizer.decode(res.tokens), args.stop or ())
         out["load_seconds"] = t_load
         print(json.dumps(json_ready(out), allow_nan=False))
     else:

@@ -1,0 +1,156 @@
+"""`specdec serve`: an OpenAI-compatible server (completions, chat, streaming) over one pair."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specdec.cli import command_help
+from specdec.cli.common import add_model_args, check_common, model_configs, quiet_libraries
+from specdec.errors import ConfigError
+from specdec.pairs import load_pair, release
+
+if TYPE_CHECKING:
+    from specdec.api import Pair
+
+API_KEY_ENV = "SPECDEC_API_KEY"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help=command_help("serve"),
+        description="Serve the target model over the OpenAI API (POST /v1/completions, "
+        "/v1/chat/completions, GET /v1/models, /health, /metrics) with speculative decoding "
+        "inside. Requests may set K per request (speculative.n_max; 0 = plain). "
+        "Needs the serve extra: pip install 'specdec[serve]'.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; none: open)",
+    )
+    p.add_argument("-k", type=int, default=6, help="draft tokens per round; 0 = plain decoding")
+    p.add_argument("--adaptive", action="store_true", help="adapt K each round (K = maximum)")
+    p.add_argument(
+        "--auto",
+        action="store_true",
+        help="serve what `specdec profile` recommends for this machine (profiled once, "
+        "cached): backend, drafter or plain, K adapted per round; requests may still set K",
+    )
+    p.add_argument(
+        "--max-tokens",
+        "-n",
+        type=int,
+        default=512,
+        dest="default_max_tokens",
+        help="tokens generated when a request names no max_tokens",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=16,
+        help="requests that may wait behind the running one; more get 429",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    p.add_argument(
+        "--served-model-name", default=None, help="the model id of /v1/models (default: target)"
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests get to finish on Ctrl-C before they are cancelled",
+    )
+    add_model_args(p)
+    p.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> None:
+    check_common(args)
+    if not 0 <= args.port < 65536:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if args.k < 0:
+        raise ConfigError(f"-k must be >= 0, got {args.k}")
+    if args.default_max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be >= 1, got {args.default_max_tokens}")
+    if args.max_queue < 0:
+        raise ConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.max_body_bytes < 1024:
+        raise ConfigError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ConfigError("--api-key is empty")
+
+
+def run(args: argparse.Namespace) -> int:
+    quiet_libraries()
+    _check(args)
+    try:
+        import uvicorn
+
+        from specdec.serve import ServeConfig, ServeSettings, create_app
+    except ImportError as e:
+        raise ConfigError(
+            f"specdec serve needs the serve extra ({e.name} is missing): "
+            "pip install 'specdec[serve]'"
+        ) from e
+    pair = _load(args)
+    name = args.served_model_name or Path(args.target).name.removesuffix(".gguf")
+    config = ServeConfig(
+        settings=ServeSettings(
+            model_name=name,
+            k=None if args.auto else args.k,
+            adaptive=args.adaptive,
+            default_max_tokens=args.default_max_tokens,
+        ),
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes,
+    )
+    app = create_app(pair, config)
+    how = "auto" if args.auto else f"K={args.k}{', adaptive' if args.adaptive else ''}"
+    print(
+        f"[specdec] serving {name!r} on http://{args.host}:{args.port}/v1 ({how}, "
+        f"{'API key required' if args.api_key else 'no API key'})",
+        file=sys.stderr,
+    )
+    try:
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=args.shutdown_timeout,
+        )
+    finally:
+        release(pair.draft, pair.target)
+    return 0
+
+
+def _load(args: argparse.Namespace) -> Pair:
+    """The pair to serve: as ``generate`` loads it, or the profile's choice with --auto."""
+    from specdec.api import Pair, load
+
+    if args.auto:
+        pair = load(
+            args.target,
+            args.draft,
+            target_backend=args.target_backend,
+            draft_backend=args.draft_backend,
+            device=args.device,
+            dtype=args.dtype,
+            n_ctx=args.n_ctx,
+            n_threads=args.threads,
+            auto=True,
+        )
+        if pair.auto is not None:
+            print(f"[specdec] auto: {pair.auto.label}: {pair.auto.reason}", file=sys.stderr)
+        return pair
+    draft_cfg, target_cfg = model_configs(args)
+    draft, target = load_pair(draft_cfg if args.k > 0 else "none", target_cfg)
+    return Pair(target, draft)

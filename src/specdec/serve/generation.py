@@ -1,0 +1,186 @@
+"""From a validated request to a generation on the worker thread, and back to response bodies.
+
+``text_prompt`` / ``chat_prompt`` tokenise (the app runs them in a helper thread: tokenisers
+only read their vocabulary, so this is safe beside a running generation) and ``plan`` checks
+that the prompt fits and fills in defaults, so that every user error is a 400 before anything
+is queued;
+``work`` is what runs on the worker thread (``Pair.stream`` round by round, checking for
+cancellation between rounds); ``usage`` and ``timings`` give the statistics fields.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from specdec.api import Completion, Pair
+from specdec.decoding import GenerationResult, validate_request
+from specdec.errors import SpecdecError
+from specdec.pairs import pair_context_limit
+from specdec.serve.engine import Job
+from specdec.serve.errors import FieldError
+from specdec.serve.schemas import ChatRequest, CompletionRequest, GenerationFields
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What the server was started with (the defaults a request may override)."""
+
+    model_name: str
+    k: int | None = 6  # None: the pair's own choice (the profile's policy of an --auto pair)
+    adaptive: bool = False
+    default_max_tokens: int = 512
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """One request, ready for ``Pair.stream``."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    k: int | None
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    stops: tuple[str, ...]
+
+
+def chat_prompt(pair: Pair, req: ChatRequest) -> list[int]:
+    """The messages through the target's chat template (system + multi-turn)."""
+    apply = getattr(pair.target.tokenizer, "apply_chat", None)
+    if apply is None:
+        raise FieldError("messages", "this model has no chat template: use /v1/completions")
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        for m in req.messages
+    ]
+    try:
+        ids: list[int] = apply(messages)
+    except SpecdecError as e:
+        raise FieldError("messages", str(e)) from e
+    except Exception as e:  # a template that refuses the messages (e.g. no system role)
+        raise FieldError("messages", f"the chat template rejected the messages: {e}") from e
+    return ids
+
+
+def text_prompt(pair: Pair, req: CompletionRequest) -> list[int]:
+    """The prompt's token ids (text through the tokenizer, or ids checked to be in range)."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return pair.target.tokenizer.encode(prompt, add_special_tokens=True)
+    vocab = pair.target.vocab_size
+    bad = next((t for t in prompt if not 0 <= int(t) < vocab), None)
+    if bad is not None:
+        raise FieldError("prompt", f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+    return [int(t) for t in prompt]
+
+
+def plan(
+    pair: Pair, req: GenerationFields, prompt_ids: list[int], settings: ServeSettings
+) -> GenerationParams:
+    """Check that the prompt fits and fill in the defaults; FieldError on a bad request."""
+    req.check()
+    param = "messages" if isinstance(req, ChatRequest) else "prompt"
+    n_ctx = pair_context_limit(pair.draft, pair.target)
+    wanted = req.wanted_tokens() if isinstance(req, ChatRequest) else req.max_tokens
+    try:
+        validate_request(prompt_ids, 1, n_ctx)
+    except SpecdecError as e:
+        raise FieldError(param, str(e)) from e
+    room = n_ctx - len(prompt_ids)  # more than fits is cut at the window ("length")
+    k = req.k_override()
+    return GenerationParams(
+        prompt_ids=prompt_ids,
+        max_new_tokens=min(wanted or settings.default_max_tokens, room),
+        k=settings.k if k is None else k,
+        temperature=req.temperature,
+        top_k=req.top_k,
+        top_p=req.top_p,
+        seed=req.seed if req.seed is not None else secrets.randbits(63),
+        stops=tuple(req.stop or ()),
+    )
+
+
+def work(
+    pair: Pair,
+    params: GenerationParams,
+    settings: ServeSettings,
+    *,
+    stream_text: bool,
+    on_result: Callable[[GenerationResult, float], None],
+) -> Callable[[Job], Completion | None]:
+    """The job for the worker thread: generate, emitting text pieces when ``stream_text``;
+    returns the Completion, or None when the request was cancelled."""
+
+    def run(job: Job) -> Completion | None:
+        stream = pair.stream(
+            params.prompt_ids,
+            max_new_tokens=params.max_new_tokens,
+            k=params.k,
+            adaptive=settings.adaptive,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=params.seed,
+            stop=params.stops,
+        )
+        for delta in stream.deltas():
+            if stream_text and delta.text:
+                job.emit(delta.text)
+            if job.cancelled.is_set():  # between rounds: the models are free after this
+                on_result(stream.cancel(), job.queue_seconds)
+                return None
+        assert stream.completion is not None
+        on_result(stream.completion.result, job.queue_seconds)
+        return stream.completion
+
+    return run
+
+
+def openai_finish_reason(reason: str) -> str:
+    return "length" if reason in ("length", "context") else "stop"
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def usage(result: GenerationResult) -> dict[str, Any]:
+    """OpenAI's usage plus the speculative statistics (docs/metrics.md)."""
+    n_prompt, n_out = len(result.prompt_ids), len(result.tokens)
+    return {
+        "prompt_tokens": n_prompt,
+        "completion_tokens": n_out,
+        "total_tokens": n_prompt + n_out,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": result.accepted_tokens,
+            "rejected_prediction_tokens": result.drafted_tokens - result.accepted_tokens,
+        },
+        "drafted_tokens": result.drafted_tokens,
+        "accepted_tokens": result.accepted_tokens,
+        "verification_rounds": result.n_rounds,
+        "draft_acceptance_rate": _finite(result.draft_acceptance_rate),
+        "mean_acceptance_length": _finite(result.mean_acceptance_length),
+        "accepted_length_histogram": result.accepted_length_histogram(),
+        "acceptance_by_position": [_finite(a) for a in result.acceptance_by_position()],
+        "tokens_per_second": _finite(result.tokens_per_second),
+        "time_split": {k: _finite(v) for k, v in result.time_split().items()},
+    }
+
+
+def timings(result: GenerationResult) -> dict[str, Any]:
+    """llama-server's ``timings`` names."""
+    predicted_s = result.t_total - result.t_prefill
+    return {
+        "prompt_n": len(result.prompt_ids),
+        "prompt_ms": 1000 * result.t_prefill,
+        "predicted_n": len(result.tokens),
+        "predicted_ms": 1000 * predicted_s,
+        "predicted_per_second": _finite(result.tokens_per_second),
+        "draft_n": result.drafted_tokens,
+        "draft_n_accepted": result.accepted_tokens,
+    }

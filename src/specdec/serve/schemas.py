@@ -1,0 +1,273 @@
+"""Request and response shapes of the OpenAI-compatible endpoints (pydantic models).
+
+Bounds live on the fields so that a bad value is reported with the field's name (HTTP 400);
+they are the CLI's rules (K >= 0, temperature >= 0, 0 < top_p <= 1, top_k >= 0, seeds below
+2^63). Fields other servers accept and specdec does not implement are rejected when they ask
+for something (``logprobs: 5``), and ignored when they carry their neutral value; unknown
+fields are ignored, as OpenAI's own server does for forward compatibility.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from specdec.serve.errors import FieldError
+
+MAX_STOPS = 4  # OpenAI's limit
+SEED_LIMIT = 2**63  # as the CLI: torch takes seeds below 2^64, JSON and numpy need < 2^63
+
+StopField = Annotated[
+    str | list[str] | None,
+    Field(default=None, description="up to 4 stop strings; the text ends right before one"),
+]
+
+
+class Speculative(BaseModel):
+    """Per-request speculation (llama-server's ``speculative.n_max``): n_max = drafts per round,
+    0 = plain decoding with the same target."""
+
+    model_config = ConfigDict(extra="forbid")
+    n_max: int | None = Field(default=None, ge=0, le=64)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+# Neutral values of OpenAI fields specdec does not implement: anything else is a 400.
+UNSUPPORTED: Mapping[str, tuple[Any, ...]] = MappingProxyType(
+    {
+        "logprobs": (None, False, 0),
+        "top_logprobs": (None, 0),
+        "echo": (None, False),
+        "best_of": (None, 1),
+        "suffix": (None, ""),
+        "logit_bias": (None, {}),
+        "presence_penalty": (None, 0, 0.0),
+        "frequency_penalty": (None, 0, 0.0),
+        "tools": (None, []),
+        "functions": (None, []),
+        "response_format": (None, {"type": "text"}),
+    }
+)
+
+
+class GenerationFields(BaseModel):
+    """Fields common to /v1/completions and /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0, description="extension: 0 disables")
+    seed: int | None = Field(default=None, ge=0, lt=SEED_LIMIT)
+    stop: StopField
+    n: int = Field(default=1, ge=1, le=1, description="only one choice per request")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    speculative: Speculative | None = None
+    speculative_n_max: int | None = Field(default=None, alias="speculative.n_max", ge=0, le=64)
+
+    @field_validator("temperature", "top_p", "top_k", "n", "stream", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, v: Any, info: ValidationInfo) -> Any:
+        """Clients that send every field send null for "unset"."""
+        return cls.model_fields[str(info.field_name)].default if v is None else v
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> list[str]:
+        items = [] if v is None else [v] if isinstance(v, str) else v
+        if len(items) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings are allowed, got {len(items)}")
+        if any(not s for s in items):
+            raise ValueError("a stop string is empty")
+        return items
+
+    def check(self) -> None:
+        """Raise ``FieldError`` for a field that asks for something specdec does not do."""
+        for name, value in (self.model_extra or {}).items():
+            neutral = UNSUPPORTED.get(name)
+            if neutral is not None and value not in neutral:
+                raise FieldError(name, f"{name} is not supported by specdec serve")
+
+    def wanted_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def k_override(self) -> int | None:
+        """The request's drafts per round, if it names one."""
+        if self.speculative is not None and self.speculative.n_max is not None:
+            return self.speculative.n_max
+        return self.speculative_n_max
+
+
+class CompletionRequest(GenerationFields):
+    prompt: str | list[int] | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[int] | list[str]) -> str | list[int]:
+        if isinstance(v, list) and v and isinstance(v[0], str):
+            if len(v) != 1:
+                raise ValueError("one prompt per request (n = 1)")
+            v = v[0]
+        if not v or (isinstance(v, str) and not v.strip()):
+            raise ValueError("the prompt is empty")
+        return v  # type: ignore[return-value]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatRequest(GenerationFields):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def check(self) -> None:
+        super().check()
+        if not any(m.text().strip() for m in self.messages):
+            raise FieldError("messages", "no message has any content")
+
+    def wanted_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+# -- responses ---------------------------------------------------------------------------------
+
+
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's predicted-output counters, filled with the drafts: accepted / rejected."""
+
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
+class Usage(BaseModel):
+    """OpenAI's usage plus specdec's speculative statistics (docs/metrics.md)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    completion_tokens_details: CompletionTokensDetails
+    drafted_tokens: int
+    accepted_tokens: int
+    verification_rounds: int
+    draft_acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    accepted_length_histogram: list[int]
+    acceptance_by_position: list[float | None]
+    tokens_per_second: float | None
+    time_split: dict[str, float | None]
+
+
+class Timings(BaseModel):
+    """llama-server's ``timings`` names, for tools that read those."""
+
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float | None
+    draft_n: int
+    draft_n_accepted: int
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+
+
+class _Envelope(BaseModel):
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str = "specdec"
+
+
+class CompletionResponse(_Envelope):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    timings: Timings | None = None
+
+
+class ChatResponse(_Envelope):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: Timings
+
+
+class ChatChunk(_Envelope):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    timings: Timings | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specdec"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
