@@ -29,7 +29,7 @@ def quick_plan() -> Plan:
         level2=Level2Config(greedy_prompts=4, greedy_ks=(0, 1, 2, 4, 6), sequences=1500),
         level3=Level3Config(
             greedy_prompts=2,
-            greedy_max_new_tokens=24,
+            greedy_max_new_tokens=16,
             probe_prompts=2,
             sampled_prompts=3,
             seeds=4,
