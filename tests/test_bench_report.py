@@ -131,3 +131,25 @@ def test_report_needs_measurements(tmp_path: Path) -> None:
     src.write_text(json.dumps({"type": "header", "session": 1}) + "\n")
     with pytest.raises(ConfigError, match="no measurements"):
         write_report(src)
+
+
+def test_ttft_and_end_to_end_by_prompt_length(tmp_path: Path) -> None:
+    """The report gives median TTFT and end-to-end time per configuration, K and prompt-length
+    band, from the records' own figures (older records without ttft are left out)."""
+    recs: list[dict[str, Any]] = [{"type": "header", "session": 1, "machine": {}, "plan": {}}]
+    for p, n_prompt, ttft, total in (
+        ("a", 40, 0.5, 2.0),
+        ("b", 100, 0.7, 2.4),
+        ("c", 800, 6.0, 9.0),
+    ):
+        for k, slower in ((0, 1.0), (2, 1.5)):
+            r = m(p, k, 10.0, "qa")
+            r.update(prompt_tokens=n_prompt, ttft=ttft * slower, t_total=total * slower)
+            recs.append(r)
+    recs.append(m("old", 0, 10.0, "qa"))  # no ttft: written before it was recorded
+    src = tmp_path / "t.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    md = write_report(src).read_text()
+    assert "## Time to first token and end-to-end time" in md
+    assert "| cfgA | greedy | 0 | 0-128 | 2 | 0.60 s | 2.20 s |" in md  # medians of a and b
+    assert "| cfgA | greedy | 2 | > 512 | 1 | 9.00 s | 13.50 s |" in md

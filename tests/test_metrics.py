@@ -49,3 +49,18 @@ def test_generate_json_has_the_fields_and_is_valid_json(capsys: pytest.CaptureFi
     d = json.loads(out)  # allow_nan=False upstream: NaN would have raised
     assert d["draft_acceptance_rate"] is None and d["mean_acceptance_length"] == 1.0
     assert d["drafted_tokens"] == 0 and d["verification_rounds"] == d["rounds"]
+
+
+def test_ttft_is_prefill_plus_the_first_round() -> None:
+
+    r1 = RoundStats(
+        k=2, n_accepted=2, n_emitted=3, t_draft=0.1, t_verify=0.2, t_sampling=0.0, t_round=0.35
+    )
+    r2 = RoundStats(
+        k=2, n_accepted=0, n_emitted=1, t_draft=0.1, t_verify=0.2, t_sampling=0.0, t_round=0.3
+    )
+    res = GenerationResult([1, 2], [5, 6, 7, 8], [r1, r2], "length", t_prefill=1.25, t_total=2.0)
+    assert res.ttft == pytest.approx(1.6)
+    assert res.to_dict()["ttft"] == pytest.approx(1.6)
+    empty = GenerationResult([1], [], [], "length", t_prefill=0.5, t_total=0.5)
+    assert math.isnan(empty.ttft)

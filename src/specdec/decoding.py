@@ -83,6 +83,12 @@ class GenerationResult:
         return len(self.tokens) / t if t > 0 else float("nan")
 
     @property
+    def ttft(self) -> float:
+        """Time to first token, seconds: prefill (target and draft) plus the first round, which
+        emits the first token(s). nan when no round ran."""
+        return self.t_prefill + self.rounds[0].t_round if self.rounds else float("nan")
+
+    @property
     def e2e_tokens_per_second(self) -> float:
         """Tokens per second of wall time including prefill (what a user waits for)."""
         return len(self.tokens) / self.t_total if self.t_total > 0 else float("nan")
@@ -173,6 +179,8 @@ class GenerationResult:
             "mean_acceptance_length": self.mean_acceptance_length,
             "accepted_length_histogram": self.accepted_length_histogram(),
             "time_split": self.time_split(),
+            "t_prefill": self.t_prefill,
+            "ttft": self.ttft,
             "t_total": self.t_total,
             "round_stats": [asdict(r) for r in self.rounds],
             **self.extra,

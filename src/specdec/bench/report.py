@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -399,6 +400,53 @@ def _category_section(data: ReportData) -> list[str]:
     )
 
 
+PROMPT_BANDS = ((0, 128), (129, 512), (513, 10**9))  # prompt tokens: short, medium, long
+
+
+def _band(n: int) -> str:
+    lo, hi = next(b for b in PROMPT_BANDS if b[0] <= n <= b[1])
+    return f"> {lo - 1}" if hi >= 10**9 else f"{lo}-{hi}"
+
+
+def _ttft_section(data: ReportData) -> list[str]:
+    """Median time to first token and end-to-end time per configuration, K and prompt-length
+    band (records written before TTFT was recorded are left out)."""
+    ms = [m for m in data.results.measurements if isinstance(m.get("ttft"), int | float)]
+    if not ms:
+        return []
+    lines = [
+        "## Time to first token and end-to-end time",
+        "",
+        "Median over prompts and repeats, by prompt length in tokens. TTFT = prefill (target and "
+        "draft) + the first round; end to end = the whole generation.",
+        "",
+    ]
+    rows = []
+    for (cfg, mode, k), group in sorted(
+        group_by(ms, "config", "mode", "k").items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])
+    ):
+        by_band: dict[str, list[dict[str, Any]]] = {}
+        for m in group:
+            by_band.setdefault(_band(int(m.get("prompt_tokens", 0))), []).append(m)
+        for band, items in sorted(
+            by_band.items(), key=lambda kv: int(kv[0].split("-")[0].lstrip("> "))
+        ):
+            rows.append(
+                [
+                    cfg,
+                    mode,
+                    str(k),
+                    band,
+                    str(len(items)),
+                    _f(statistics.median(float(m["ttft"]) for m in items), 2, " s"),
+                    _f(statistics.median(float(m["t_total"]) for m in items), 2, " s"),
+                ]
+            )
+    return lines + _table(
+        ["configuration", "mode", "K", "prompt tokens", "runs", "TTFT", "end to end"], rows
+    )
+
+
 def _predicted_points(data: ReportData, mode: str) -> dict[str, list[tuple[int, float, float]]]:
     out: dict[str, list[tuple[int, float, float]]] = {}
     for (cfg, md, k), pred in sorted(data.predicted.items()):
@@ -505,6 +553,7 @@ def write_report(results_path: str | Path, out_dir: str | Path | None = None) ->
         _verify_section(data),
         _split_section(data),
         _category_section(data),
+        _ttft_section(data),
         _predicted_section(data),
         _agreement_section(data),
         _skip_section(results),

@@ -137,6 +137,7 @@ def measurement_record(
         "drafted": sum(r.k for r in res.rounds),
         "t_total": res.t_total,
         "t_prefill": res.t_prefill,
+        "ttft": res.ttft,  # time to first token: prefill + first round
         "t_decode": res.t_total - res.t_prefill,
         "tokens_per_second": tps,
         "mean_accepted_per_round": res.mean_accepted_per_round if m.k else 0.0,

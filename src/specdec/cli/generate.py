@@ -150,6 +150,7 @@ def stats_line(res: GenerationResult, label: str = "") -> str:
     acc = " ".join("-" if a != a else f"{a:.2f}" for a in res.acceptance_by_position())
     parts = [
         f"{len(res.tokens)} tokens in {res.t_total:.2f} s",
+        f"TTFT {res.ttft:.2f} s ({len(res.prompt_ids)}-token prompt)",
         f"{res.tokens_per_second:.2f} tok/s",
         f"{res.n_rounds} rounds, {res.mean_tokens_per_round:.2f} tokens/round",
     ]
