@@ -28,15 +28,15 @@ def quick_plan() -> Plan:
         level1=Level1Config(),
         level2=Level2Config(greedy_prompts=4, greedy_ks=(0, 1, 2, 4, 6), sequences=1500),
         level3=Level3Config(
-            greedy_prompts=2,
+            greedy_prompts=1,
             greedy_max_new_tokens=16,
-            probe_prompts=2,
+            probe_prompts=1,
             sampled_prompts=3,
             seeds=4,
             sample_tokens=32,
             plain_seeds=1,
         ),
-        prompts=4,  # 2 greedy + 2 probe (disjoint); the per-token test uses the first 3
+        prompts=3,  # 1 greedy + 1 probe (disjoint); the per-token test uses the first 3
     )
 
 
