@@ -107,16 +107,20 @@ CASES: list[tuple[str, list[str], int, str]] = [
 ]
 
 
+def assert_one_clear_line(err: str, words: str) -> None:
+    """stderr holds no traceback and exactly one error line, which starts with ``words``."""
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("specdec: error")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(words), err
+
+
 @pytest.mark.parametrize(("name", "argv", "code", "words"), CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_clear_line(
     name: str, argv: list[str], code: int, words: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(argv) == code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.startswith("specdec: error")]
-    assert len(lines) == 1, err
-    assert lines[0].startswith(words), err
+    assert_one_clear_line(capsys.readouterr().err, words)
 
 
 def test_stdin_bytes_not_utf8_name_their_position(
@@ -337,11 +341,7 @@ def test_bad_files_are_one_clear_line(
 ) -> None:
     argv = build(tmp_path)  # type: ignore[operator]
     assert main(argv) == code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.startswith("specdec: error")]
-    assert len(lines) == 1, err
-    assert lines[0].startswith(words), err
+    assert_one_clear_line(capsys.readouterr().err, words)
 
 
 def test_closed_stdin_with_dash_is_one_line(
@@ -377,7 +377,4 @@ def test_small_real_model_bad_input(
     path = str(store_model_or_skip())
     argv = ["generate", "--target", path, "--target-backend", "llamacpp", "--draft", "ngram"]
     assert main([*argv, "-n", "2", *extra]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.startswith("specdec: error")]
-    assert len(lines) == 1 and lines[0].startswith(words), err
+    assert_one_clear_line(capsys.readouterr().err, words)
