@@ -85,10 +85,15 @@ def main() -> int:
         n_batch=128,
         verbose=False,
     )
+    from specdec.drafters.planned import PlannedSuffixDrafter
     from specdec.models.loader import ModelConfig
-    from specdec.pairs import HYBRID_PREFIX, HybridRef, is_model_free, load_pair
+    from specdec.pairs import HYBRID_PREFIX, HybridRef, is_model_free, is_planned, load_pair
+    from specdec.profiler.target_costs import cached_target_costs
 
     def drafter_for(ref: str, target):  # type: ignore[no-untyped-def]
+        if is_planned(ref):  # the target's costs, measured once and cached as generate does
+            cfg = ModelConfig(args.model, "llamacpp", n_threads=args.threads)
+            return PlannedSuffixDrafter(parse_drafter(ref), cached_target_costs(cfg, target))
         if is_model_free(ref):
             return parse_drafter(ref)
         cfg = ModelConfig(ref.removeprefix(HYBRID_PREFIX), "llamacpp", n_threads=args.threads)
@@ -150,6 +155,15 @@ def main() -> int:
     for n, r in ratios.items():
         gm = math.exp(sum(math.log(x) for x in r) / len(r))
         print(f"geometric mean, {n} / {base}: {gm:.3f}x (decode tokens/s)")
+    # end to end (prefill + first token + decode), as base time / time: above 1 is faster
+    print(f"end to end (prompt in to last token out), ratio of {base}'s time to each:")
+    for n in names[1:]:
+        e2e = []
+        for p in prompts:
+            t = {m: statistics.median(a + b for a, b, _ in rows[p.id][m]) for m in (base, n)}
+            e2e.append(t[base] / t[n])
+        gm = math.exp(sum(math.log(x) for x in e2e) / len(e2e))
+        print(f"  {n}: {gm:.3f}x (per prompt: {', '.join(f'{x:.2f}' for x in e2e)})")
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -58,6 +58,7 @@ L2 = Level2Config(
         SampledSetup("close-K3", "close", 3),
         SampledSetup("far-K2", "far", 2),
         SampledSetup("ngram-K2", "close", 2, drafter="ngram"),
+        SampledSetup("planned-K6", "close", 6, drafter="planned"),
         SampledSetup("close-K3-sparse", "close", 3, temperature=0.8, top_k=5, top_p=0.9),
         SampledSetup("padded-close-K3", "close", 3, draft_vocab_delta=-2),
     ),
@@ -172,8 +173,8 @@ def test_level2_passes_for_the_real_decoder(tmp_path) -> None:  # type: ignore[n
     r = run_level2(L2, log=log)
     s = r.summary()
     assert r.status == "pass", s
-    assert s["greedy_units"] == 2 * 2 * 2 * 4 and s["greedy_mismatches"] == 0
-    assert s["sampled_tests"] == 5 and s["sampled_rejected"] == 0  # incl. a padded pair
+    assert s["greedy_units"] == 2 * 2 * 3 * 4 and s["greedy_mismatches"] == 0
+    assert s["sampled_tests"] == 6 and s["sampled_rejected"] == 0  # incl. padded, planned
     resumed = ProgressLog(tmp_path / "p.jsonl", {"x": 1}, resume=True)
     with injected_fault("always-accept"):  # would fail if anything were recomputed
         r2 = run_level2(L2, log=resumed)

@@ -29,12 +29,14 @@ from specdec.pairs import (
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
     is_model_free,
+    is_planned,
     load_pair,
 )
 from specdec.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.prompting import Message, encode_request
 from specdec.sampling import SamplingConfig
 from specdec.stops import StopMatcher, check_stops
+from specdec.theory import Costs
 
 if TYPE_CHECKING:
     from specdec.profiler.auto import AutoChoice
@@ -259,9 +261,12 @@ class Pair:
     del _drained
 
 
+MACHINE_DEFAULT = "default"
+
+
 def load(
     target: str = DEFAULT_TARGET,
-    draft: str | None = DEFAULT_DRAFT,
+    draft: str | None = MACHINE_DEFAULT,
     *,
     target_backend: str = DEFAULT_TARGET_BACKEND,
     draft_backend: str = DEFAULT_DRAFT_BACKEND,
@@ -275,7 +280,10 @@ def load(
     transformers directory) and check that they share one tokenizer.
 
     target:          store name (``specdec models list``), GGUF file or model directory.
-    draft:           the same kinds, or "ngram[:MAX_N]" (prompt lookup), or None / "none".
+    draft:           "default" (the default): what this machine's cached profile recommends,
+                     else the cost-aware suffix drafter ("planned") on the target's own
+                     backend; or a draft model (store name, GGUF file, model directory), or
+                     "ngram[:MAX_N]", "suffix[:OPTS]", "planned[:OPTS]", or None / "none".
     target_backend, draft_backend: "llamacpp", "hf" (transformers), "mock" or "auto".
     device:          "auto" (cuda > mps > cpu), "cpu", "cuda" or "mps".
     dtype:           transformers dtype: "auto", "float32", "bfloat16" or "float16".
@@ -287,15 +295,54 @@ def load(
                      ``target_backend`` let the profile choose; other values narrow it.
     """
     if auto:
-        return _load_auto(target, draft, target_backend, draft_backend, n_ctx, n_threads)
+        return _load_auto(
+            target,
+            DEFAULT_DRAFT if draft == MACHINE_DEFAULT else draft,
+            target_backend,
+            draft_backend,
+            n_ctx,
+            n_threads,
+        )
+    if draft == MACHINE_DEFAULT:
+        from specdec.profiler.auto import machine_default
+
+        choice = machine_default(
+            target,
+            target_backend=target_backend,
+            draft_backend=draft_backend,
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+        )
+        pair = load(
+            target,
+            choice.draft_ref if choice.speculative else "none",
+            target_backend=choice.target_backend,
+            draft_backend=draft_backend,
+            device=device,
+            dtype=dtype,
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+        )
+        return Pair(pair.target, pair.draft, choice)
 
     def config(model: str, backend: str) -> ModelConfig:
         return ModelConfig(model, backend, device, dtype, n_ctx, n_threads)
 
     model_free = draft is None or is_model_free(draft)
     draft_ref = draft if model_free else config(str(draft), draft_backend)
-    draft_obj, target_lm = load_pair(draft_ref, config(target, target_backend))
+    draft_obj, target_lm = load_pair(
+        draft_ref,
+        config(target, target_backend),
+        costs=measured_costs if is_planned(draft) else None,
+    )
     return Pair(target_lm, draft_obj)
+
+
+def measured_costs(cfg: ModelConfig, target: CausalLM) -> Costs:
+    """The target's costs for a planned drafter: measured once per machine and cached."""
+    from specdec.profiler.target_costs import cached_target_costs
+
+    return cached_target_costs(cfg, target)
 
 
 def _load_auto(
@@ -316,6 +363,7 @@ def _load_auto(
         n_ctx=n_ctx,
         n_threads=n_threads,
     )
+    assert result is not None  # only cached_only gives None
     choice = choose(result, None, int(result.spec["n_new"]))
     pair = load(
         target,

@@ -6,6 +6,10 @@ A draft reference is one of
     ngram[:MAX_N]      prompt lookup over the context (no draft model)
     suffix[:OPTS]      suffix matching over prompt and output, drafts sized by the match;
                        OPTS like "max_draft=16,min_match=3" (``drafters.suffix``)
+    planned[:OPTS]     the suffix drafter with cost-aware draft lengths: each draft is cut
+                       to the length with the best expected tokens per second given the
+                       target's measured verify curve (``drafters.planned``); loading it
+                       needs a cost provider (``load_pair(..., costs=...)``)
     a ModelConfig      a draft model (checked to share the target's tokenizer)
     a HybridRef        suffix drafts where they match, the draft model elsewhere
     a Drafter object   used as it is
@@ -22,19 +26,26 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
 from specdec.models.vocab import check_same_vocabulary
+from specdec.theory import Costs
 
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
-DEFAULT_DRAFT_BACKEND = "llamacpp"
-DEFAULT_TARGET_BACKEND = "hf"
+# "auto": llama.cpp for GGUF files and store names (what a user would otherwise run on the
+# same file, and the fastest plain decoder measured here), transformers for model directories
+DEFAULT_DRAFT_BACKEND = "auto"
+DEFAULT_TARGET_BACKEND = "auto"
 
 Loader = Callable[[ModelConfig], CausalLM]
+# the target's measured costs, for drafters that size their drafts by them
+CostProvider = Callable[[ModelConfig, CausalLM], Costs]
 HYBRID_PREFIX = "hybrid:"
+PLANNED = "planned"
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,14 @@ def _named(ref: str, name: str) -> bool:
 
 def is_model_free(ref: str) -> bool:
     """Whether a draft reference names no model (plain decoding or a model-free drafter)."""
-    return ref in ("none", "") or _named(ref, "ngram") or _named(ref, "suffix")
+    return (
+        ref in ("none", "") or _named(ref, "ngram") or _named(ref, "suffix") or _named(ref, PLANNED)
+    )
+
+
+def is_planned(ref: object) -> bool:
+    """Whether a draft reference names the cost-aware suffix drafter."""
+    return isinstance(ref, str) and _named(ref, PLANNED)
 
 
 def parse_drafter(ref: str) -> Drafter | None:
@@ -68,11 +86,12 @@ def parse_drafter(ref: str) -> Drafter | None:
         except ValueError as e:
             raise ConfigError(f"bad n-gram drafter {ref!r}: use ngram or ngram:MAX_N") from e
         return NgramDrafter(max_n=max_n)
-    if _named(ref, "suffix"):
+    if _named(ref, "suffix") or _named(ref, PLANNED):
+        # for "planned" this is the inner drafter; load_pair adds the planner
         return SuffixDrafter(parse_suffix_options(ref.partition(":")[2]))
     raise ConfigError(
         f"unknown drafter {ref!r}: use a model, 'ngram[:MAX_N]', 'suffix[:OPTS]', "
-        "'hybrid:MODEL' or 'none'"
+        "'planned[:OPTS]', 'hybrid:MODEL' or 'none'"
     )
 
 
@@ -85,19 +104,34 @@ def release(*models: object) -> None:
 
 
 def load_pair(
-    draft: DraftRef, target: ModelConfig, *, loader: Loader = load_model
+    draft: DraftRef,
+    target: ModelConfig,
+    *,
+    loader: Loader = load_model,
+    costs: CostProvider | None = None,
 ) -> tuple[CausalLM | Drafter | None, CausalLM]:
     """(draft model or drafter or None, target) ready for ``generate``.
 
     Model pairs are checked to share one tokenizer; on any failure the models loaded so far
-    are released. ``loader`` turns a ModelConfig into a CausalLM (tests inject their own).
+    are released. ``loader`` turns a ModelConfig into a CausalLM (tests inject their own);
+    ``costs`` gives the loaded target's measured costs to a ``planned`` drafter.
     """
+    planned = is_planned(draft)
+    if planned and costs is None:
+        raise ConfigError(f"the drafter {draft!r} needs the target's measured costs")
     if isinstance(draft, str):
         draft = parse_drafter(draft)  # validate before loading anything
     suffix = (
         SuffixDrafter(parse_suffix_options(draft.suffix)) if isinstance(draft, HybridRef) else None
     )
     target_lm = loader(target)
+    if planned:
+        assert costs is not None and isinstance(draft, SuffixDrafter)
+        try:
+            return PlannedSuffixDrafter(draft, costs(target, target_lm)), target_lm
+        except BaseException:
+            release(target_lm)
+            raise
     model_cfg = draft.model if isinstance(draft, HybridRef) else draft
     if not isinstance(model_cfg, ModelConfig):
         return draft, target_lm  # type: ignore[return-value]

@@ -305,3 +305,44 @@ def verdict(
     if cause == "acceptance":
         return f"decelerates: acceptance too low ({s.acceptance:.0%} of drafts accepted)"
     return "decelerates"
+
+
+def baseline_configs(results_configs: Iterable[Record], backend: str = "llamacpp") -> set[str]:
+    """Labels of the configurations whose target runs on ``backend`` (from the header plans):
+    their K = 0 runs are plain decoding on that backend."""
+    out = set()
+    for c in results_configs:
+        target = c.get("target") or {}
+        model = str(target.get("model", ""))
+        b = target.get("backend", "auto")
+        if b == "auto":
+            b = "llamacpp" if model.endswith(".gguf") or "/" not in model else "hf"
+        if b == backend:
+            out.add(str(c["label"]))
+    return out
+
+
+def against_baseline(
+    measurements: Iterable[Record], baseline: set[str], field: str = "tokens_per_second"
+) -> dict[tuple[str, str, int], list[tuple[str, str, float]]]:
+    """Each run's speed as a ratio to plain decoding on the baseline backend for the same
+    prompt, mode and repeat: (config, mode, K) -> [(prompt id, category, ratio)]. The
+    baseline of a (prompt, mode, repeat) is the median of the baseline configurations' K = 0
+    runs (every one of them is plain decoding of the same file). With ``field`` "t_total" the
+    ratio is baseline end-to-end time over the run's (above 1: faster)."""
+    ms = list(measurements)
+    base: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for m in ms:
+        if m["k"] == 0 and m["config"] in baseline and m.get(field):
+            base[(m["mode"], m["prompt_id"], m["repeat"])].append(float(m[field]))
+    out: dict[tuple[str, str, int], list[tuple[str, str, float]]] = defaultdict(list)
+    for m in ms:
+        b = base.get((m["mode"], m["prompt_id"], m["repeat"]))
+        v = m.get(field)
+        if not b or not v:
+            continue
+        ref = float(np.median(b))
+        ratio = float(v) / ref if field == "tokens_per_second" else ref / float(v)
+        if ratio > 0 and math.isfinite(ratio):
+            out[(m["config"], m["mode"], m["k"])].append((m["prompt_id"], m["category"], ratio))
+    return out

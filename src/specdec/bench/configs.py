@@ -5,9 +5,12 @@ A configuration is written on the command line as comma-separated ``key=value`` 
     draft=qwen2.5-coder-0.5b-instruct-q4_k_m,draft_backend=llamacpp,
     target=qwen2.5-coder-1.5b-instruct-q4_k_m,target_backend=hf,dtype=bfloat16
 
-Keys: ``draft`` (a model reference, ``ngram`` or ``ngram:MAX_N``), ``target``, ``label``, and
-``backend`` / ``device`` / ``dtype`` (both models) or with a ``draft_`` / ``target_`` prefix
-(one model), ``n_ctx``, ``n_threads``, ``ngram_min``.
+Keys: ``draft`` (a model reference, ``ngram`` or ``ngram:MAX_N``, ``suffix[:OPTS]``,
+``planned[:OPTS]`` or ``hybrid:MODEL``; suffix options separated by ``;`` since ``,``
+separates keys), ``target``, ``label``, and ``backend`` / ``device`` / ``dtype`` (both
+models) or with a ``draft_`` / ``target_`` prefix (one model), ``n_ctx``, ``n_threads``,
+``ngram_min``, ``k`` (this configuration's own K sweep, e.g. ``k=16`` or ``k=1;2;4``: the
+planned drafter sizes its drafts itself, so its K is only a cap).
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from specdec.drafters.suffix import parse_suffix_options
 from specdec.errors import ConfigError
 from specdec.models.loader import ModelConfig
-from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET
+from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET, HYBRID_PREFIX, PLANNED
 
 DEFAULT_N_CTX = 2048  # fits every Spec-Bench prompt (<= ~1,700 Qwen tokens) plus the output
 
@@ -36,20 +40,35 @@ class BenchConfig:
 
     label: str
     target: ModelConfig
-    draft: ModelConfig | None = None  # a draft model, or None with ``ngram``
+    draft: ModelConfig | None = None  # a draft model (alone, or behind a suffix drafter)
     ngram: NgramSpec | None = None
+    free: str | None = None  # a model-free drafter reference: suffix[:OPTS] | planned[:OPTS]
+    hybrid: bool = False  # the draft model drafts only where the suffix drafter has nothing
+    ks: tuple[int, ...] | None = None  # this configuration's K sweep (None: the plan's)
 
     def __post_init__(self) -> None:
-        if (self.draft is None) == (self.ngram is None):
+        given = [x for x in (self.draft, self.ngram, self.free) if x is not None]
+        if len(given) != 1:
             raise ConfigError(
-                f"configuration {self.label!r} needs exactly one drafter: a draft model or ngram"
+                f"configuration {self.label!r} needs exactly one drafter: a draft model, "
+                "ngram, suffix or planned"
             )
+        if self.hybrid and self.draft is None:
+            raise ConfigError(f"configuration {self.label!r}: a hybrid needs a draft model")
+        if self.free is not None and self.free.split(":")[0] not in ("suffix", PLANNED):
+            raise ConfigError(f"configuration {self.label!r}: unknown drafter {self.free!r}")
+        if self.ks is not None and (not self.ks or any(k < 1 for k in self.ks)):
+            raise ConfigError(f"configuration {self.label!r}: K values must be >= 1")
         if not self.label or any(c in self.label for c in "\n\t"):
             raise ConfigError(f"bad configuration label {self.label!r}")
 
     @property
     def drafter_kind(self) -> str:
-        return "ngram" if self.ngram is not None else "model"
+        if self.ngram is not None:
+            return "ngram"
+        if self.free is not None:
+            return self.free.split(":")[0]
+        return "hybrid" if self.hybrid else "model"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +76,9 @@ class BenchConfig:
             "target": asdict(self.target),
             "draft": asdict(self.draft) if self.draft is not None else None,
             "ngram": asdict(self.ngram) if self.ngram is not None else None,
+            "free": self.free,
+            "hybrid": self.hybrid,
+            "ks": list(self.ks) if self.ks is not None else None,
         }
 
     @staticmethod
@@ -66,6 +88,9 @@ class BenchConfig:
             target=ModelConfig(**d["target"]),
             draft=ModelConfig(**d["draft"]) if d.get("draft") else None,
             ngram=NgramSpec(**d["ngram"]) if d.get("ngram") else None,
+            free=d.get("free"),
+            hybrid=bool(d.get("hybrid", False)),
+            ks=tuple(d["ks"]) if d.get("ks") else None,
         )
 
 
@@ -80,8 +105,19 @@ def short_name(cfg: ModelConfig) -> str:
     return backend
 
 
-def default_label(draft: ModelConfig | None, ngram: NgramSpec | None, target: ModelConfig) -> str:
-    d = short_name(draft) if draft is not None else f"ngram{ngram.max_n if ngram else 3}"
+def default_label(
+    draft: ModelConfig | None,
+    ngram: NgramSpec | None,
+    target: ModelConfig,
+    free: str | None = None,
+    hybrid: bool = False,
+) -> str:
+    if free is not None:
+        d = free.split(":")[0]
+    elif draft is not None:
+        d = ("hybrid-" if hybrid else "") + short_name(draft)
+    else:
+        d = f"ngram{ngram.max_n if ngram else 3}"
     return f"{d}->{short_name(target)}"
 
 
@@ -108,6 +144,24 @@ def default_matrix(draft: str = DEFAULT_DRAFT, target: str = DEFAULT_TARGET) -> 
     ]
 
 
+def llamacpp_matrix(draft: str = DEFAULT_DRAFT, target: str = DEFAULT_TARGET) -> list[BenchConfig]:
+    """Every drafter on the llama.cpp target (the fastest plain decoder of a GGUF on a CPU, so
+    every K = 0 run is the baseline a user would otherwise run): the cost-aware suffix
+    drafter (the default of ``specdec generate`` without a profile; K = 16 is only its cap),
+    the suffix drafter, n-gram lookup, the draft model, and the hybrid of the two."""
+    t = _mc(target, "llamacpp")
+    return [
+        BenchConfig("planned->llamacpp", t, free=PLANNED, ks=(16,)),
+        BenchConfig("suffix->llamacpp", t, free="suffix"),
+        BenchConfig("ngram3->llamacpp", t, ngram=NgramSpec()),
+        BenchConfig("llamacpp->llamacpp", t, draft=_mc(draft, "llamacpp")),
+        BenchConfig("hybrid-llamacpp->llamacpp", t, draft=_mc(draft, "llamacpp"), hybrid=True),
+    ]
+
+
+MATRICES = {"study": default_matrix, "llamacpp": llamacpp_matrix}
+
+
 def quick_matrix() -> list[BenchConfig]:
     """``--quick``: the decelerating (a) and the paying (b) configuration of the default set."""
     return default_matrix()[:2]
@@ -116,6 +170,7 @@ def quick_matrix() -> list[BenchConfig]:
 _MODEL_KEYS = ("backend", "device", "dtype")
 _KNOWN = {
     "draft",
+    "k",
     "target",
     "label",
     "n_ctx",
@@ -164,7 +219,16 @@ def parse_config(spec: str) -> BenchConfig:
     target = model("target", kv["target"])
     draft: ModelConfig | None = None
     ngram: NgramSpec | None = None
-    if draft_ref == "ngram" or draft_ref.startswith("ngram:"):
+    free: str | None = None
+    hybrid = False
+    ks = _ks(kv["k"]) if "k" in kv else None
+    if draft_ref.split(":")[0] in ("suffix", PLANNED):
+        name, _, opts = draft_ref.partition(":")
+        free = name + (":" + opts.replace(";", ",") if opts else "")
+        parse_suffix_options(opts.replace(";", ","))  # bad options fail here, not mid-run
+    elif draft_ref.startswith(HYBRID_PREFIX):
+        draft, hybrid = model("draft", draft_ref.removeprefix(HYBRID_PREFIX)), True
+    elif draft_ref == "ngram" or draft_ref.startswith("ngram:"):
         _, _, n = draft_ref.partition(":")
         max_n = _int("draft", n) if n else 3
         min_n = _int("ngram_min", kv["ngram_min"]) if "ngram_min" in kv else 1
@@ -175,8 +239,17 @@ def parse_config(spec: str) -> BenchConfig:
         raise ConfigError("a bench configuration needs a drafter (plain decoding is always run)")
     else:
         draft = model("draft", draft_ref)
-    label = kv.get("label") or default_label(draft, ngram, target)
-    return BenchConfig(label=label, target=target, draft=draft, ngram=ngram)
+    label = kv.get("label") or default_label(draft, ngram, target, free, hybrid)
+    return BenchConfig(
+        label=label, target=target, draft=draft, ngram=ngram, free=free, hybrid=hybrid, ks=ks
+    )
+
+
+def _ks(value: str) -> tuple[int, ...]:
+    ks = tuple(_int("k", v) for v in value.split(";") if v.strip())
+    if not ks or any(k < 1 for k in ks) or len(set(ks)) != len(ks):
+        raise ConfigError(f"configuration key k needs distinct values >= 1, got {value!r}")
+    return ks
 
 
 def check_unique_labels(configs: list[BenchConfig]) -> None:

@@ -128,9 +128,16 @@ def derive_seed(seed: int, prompt_id: str, repeat: int) -> int:
     return int.from_bytes(h.digest(), "little") & 0x7FFFFFFF
 
 
-def k_order(plan: BenchPlan, prompt_id: str, repeat: int, mode: str) -> list[int]:
+def config_ks(plan: BenchPlan, config: BenchConfig) -> tuple[int, ...]:
+    """The K sweep of one configuration: its own, else the plan's."""
+    return config.ks if config.ks is not None else plan.ks
+
+
+def k_order(
+    plan: BenchPlan, prompt_id: str, repeat: int, mode: str, ks: Sequence[int] | None = None
+) -> list[int]:
     """[0, then the sweep shuffled with a seed of its own]."""
-    ks = list(plan.ks)
+    ks = list(plan.ks if ks is None else ks)
     random.Random(f"order:{plan.seed}:{prompt_id}:{repeat}:{mode}").shuffle(ks)
     return [0, *ks]
 
@@ -144,6 +151,6 @@ def measurements(
         for prompt in prompts:
             seed = derive_seed(plan.seed, prompt.id, repeat)
             for mode in plan.modes:
-                for k in k_order(plan, prompt.id, repeat, mode):
+                for k in k_order(plan, prompt.id, repeat, mode, config_ks(plan, config)):
                     out.append(Measurement(config.label, mode, prompt, repeat, k, seed))
     return out

@@ -59,11 +59,13 @@ def verify_times(
     *,
     warmup: bool = True,
     clock: Clock = time.perf_counter,
+    ns: Sequence[int] | None = None,
 ) -> list[float]:
     """Median seconds of one ``extend`` over n = 1..n_max new tokens after ``context_ids``.
 
     Each timed pass is undone with ``truncate`` so every n sees the same context. Repeats
-    alternate ascending and descending n so slow drift does not tilt the curve.
+    alternate ascending and descending n so slow drift does not tilt the curve. ``ns``: time
+    only these n (1 and n_max are always included) and interpolate the others linearly.
     """
     if n_max < 1 or repeats < 1:
         raise ConfigError(f"n_max and repeats must be >= 1, got {n_max}, {repeats}")
@@ -82,16 +84,26 @@ def verify_times(
         for n in (n_max, 1):
             model.extend(fill[:n])
             model.truncate(base)
-    samples: list[list[float]] = [[] for _ in range(n_max)]
+    timed = sorted({1, n_max, *(n for n in (ns or range(1, n_max + 1)) if 1 <= n <= n_max)})
+    samples: dict[int, list[float]] = {n: [] for n in timed}
     for r in range(repeats):
-        order = range(1, n_max + 1) if r % 2 == 0 else range(n_max, 0, -1)
-        for n in order:
+        for n in timed if r % 2 == 0 else timed[::-1]:
             t0 = clock()
             model.extend(fill[:n])
-            samples[n - 1].append(clock() - t0)
+            samples[n].append(clock() - t0)
             model.truncate(base)
     _reset(model)
-    return [float(statistics.median(s)) for s in samples]
+    med = {n: float(statistics.median(v)) for n, v in samples.items()}
+    return [_interpolated(med, n) for n in range(1, n_max + 1)]
+
+
+def _interpolated(points: dict[int, float], n: int) -> float:
+    """The value at n, linear between the nearest measured points around it."""
+    if n in points:
+        return points[n]
+    lo = max(m for m in points if m < n)
+    hi = min(m for m in points if m > n)
+    return points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
 
 
 def verify_scaling(

@@ -21,18 +21,30 @@ from tqdm import tqdm
 from specdec.bench.analysis import predicted_from_counts
 from specdec.bench.configs import BenchConfig
 from specdec.bench.machine import git_commit, machine_info, package_versions
-from specdec.bench.plan import MODES, BenchPlan, Measurement, measurements
+from specdec.bench.plan import MODES, BenchPlan, Measurement, config_ks, measurements
 from specdec.bench.profile import profile_config
 from specdec.bench.prompts import Prompt, select_prompts
 from specdec.bench.results import SCHEMA_VERSION, Results, ResultsWriter, open_for_append
 from specdec.decoding import GenerationResult, generate
 from specdec.drafters import NgramDrafter
 from specdec.drafters.base import Drafter
+from specdec.drafters.planned import PlannedSuffixDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.base import CausalLM
-from specdec.models.loader import ModelConfig, load_model
-from specdec.pairs import Loader, load_pair, pair_context_limit, release
+from specdec.models.loader import load_model
+from specdec.pairs import (
+    DraftRef,
+    HybridRef,
+    Loader,
+    is_planned,
+    load_pair,
+    pair_context_limit,
+    parse_drafter,
+    release,
+)
 from specdec.prompting import encode_prompt
+from specdec.theory import Costs
 
 Hook = Callable[[dict[str, Any]], None]
 Log = Callable[[str], None]
@@ -198,10 +210,17 @@ class _Runner:
             self.on_record(record)
 
     def load(self, cfg: BenchConfig) -> tuple[CausalLM, CausalLM | Drafter]:
+        """The pair; a planned drafter comes unplanned (its inner suffix drafter) and gets its
+        planner once the configuration's profile has measured the verify curve."""
         self.bar.set_description_str(f"{cfg.label}: loading")
-        ref: ModelConfig | Drafter | None = cfg.draft
+        ref: DraftRef = cfg.draft
         if cfg.ngram is not None:
             ref = NgramDrafter(max_n=cfg.ngram.max_n, min_n=cfg.ngram.min_n)
+        elif cfg.free is not None:
+            ref = parse_drafter(cfg.free.replace(";", ","))
+        elif cfg.hybrid:
+            assert cfg.draft is not None
+            ref = HybridRef(cfg.draft)
         draft, target = load_pair(ref, cfg.target, loader=self.loader)
         assert draft is not None, "a bench configuration always has a drafter"
         return target, draft
@@ -211,7 +230,7 @@ class _Runner:
     ) -> dict[str, list[int]]:
         chat = _use_chat(self.plan, target)
         ids: dict[str, list[int]] = {}
-        room = self.plan.max_new_tokens + max(self.plan.ks) + 1
+        room = self.plan.max_new_tokens + max(config_ks(self.plan, cfg)) + 1
         for p in prompts:
             reason = None
             try:
@@ -273,6 +292,9 @@ class _Runner:
                     f"{prof.draft_step_s * 1e3:.2f} ms (c = {prof.c:.3f}), verify(8)/verify(1) "
                     f"= {prof.verify_ratio[min(7, len(prof.verify_ratio) - 1)]:.2f}"
                 )
+            if is_planned(cfg.free):
+                assert isinstance(draft, SuffixDrafter)
+                draft = PlannedSuffixDrafter(draft, planner_costs(profile))
             self.bar.set_description_str(cfg.label)
             for m in todo:
                 if m.prompt.id not in ids:
@@ -309,6 +331,12 @@ class _Runner:
             release(draft, target)
             del target, draft
             gc.collect()
+
+
+def planner_costs(profile: dict[str, Any]) -> Costs:
+    """The costs a planned drafter sizes its drafts by: the configuration's measured verify
+    curve (the loop's own per-round work is small next to a target pass and left out)."""
+    return Costs(verify_s=tuple(profile["verify_s"]), prefill_tps=float("inf"))
 
 
 def run_bench(

@@ -27,9 +27,12 @@ import torch
 from specdec.decoding import generate, generate_stream
 from specdec.drafters.base import Drafter
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.planned import PlannedSuffixDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.models.mock import MockLM, mock_pair
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.stats import chisquare_gof
+from specdec.theory import Costs
 
 from .common import FAIL, PASS, TestRecord, apply_holm, fmt
 from .progress import ProgressLog
@@ -96,7 +99,7 @@ class SampledSetup:
     name: str
     closeness: str  # mock pair: identical | close | far
     k: int
-    drafter: str = "model"  # model | ngram
+    drafter: str = "model"  # model | ngram | planned
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -127,6 +130,7 @@ DEFAULT_SETUPS: tuple[SampledSetup, ...] = (
     SampledSetup("identical-K4", "identical", 4),
     SampledSetup("close-K4-T0.8-topk5-topp0.9", "close", 4, temperature=0.8, top_k=5, top_p=0.9),
     SampledSetup("ngram-K3", "close", 3, drafter="ngram"),
+    SampledSetup("planned-K8", "close", 8, drafter="planned"),
     SampledSetup("padded-close-K4", "close", 4, draft_vocab_delta=-2),
 )
 
@@ -137,7 +141,7 @@ class Level2Config:
     greedy_vocabs: tuple[int, ...] = (16, 64)
     greedy_prompts: int = 6
     greedy_ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
-    greedy_drafters: tuple[str, ...] = ("model", "ngram")
+    greedy_drafters: tuple[str, ...] = ("model", "ngram", "planned")
     greedy_max_new_tokens: int = 24
     sampled_vocab: int = 8
     setups: tuple[SampledSetup, ...] = DEFAULT_SETUPS
@@ -162,8 +166,17 @@ def mock_prompts(seed: int, n: int, vocab: int) -> list[list[int]]:
     return out
 
 
+# a nearly flat verify curve for the planned drafter on mocks, so that it drafts often and
+# its cut drafts are exercised (on a serial curve it would mostly fall back to plain steps)
+MOCK_PLANNER_COSTS = Costs(verify_s=tuple(1.0 + 0.05 * n for n in range(16)), prefill_tps=1e3)
+
+
 def _drafter(kind: str, draft: MockLM) -> MockLM | Drafter:
-    return NgramDrafter(max_n=3) if kind == "ngram" else draft
+    if kind == "ngram":
+        return NgramDrafter(max_n=3)
+    if kind == "planned":
+        return PlannedSuffixDrafter(SuffixDrafter(), MOCK_PLANNER_COSTS)
+    return draft
 
 
 # ------------------------------------------------------------------ results

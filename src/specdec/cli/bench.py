@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-from specdec.bench.configs import check_unique_labels, parse_config
+from specdec.bench.configs import MATRICES, check_unique_labels, parse_config
 from specdec.bench.plan import CHAT_CHOICES, MODES, BenchPlan, full_plan, measurements, quick_plan
 from specdec.bench.prompts import select_prompts
 from specdec.cli import command_help
@@ -38,6 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a configuration, repeatable: 'draft=MODEL|ngram[:N],target=MODEL,"
         "[draft_|target_]backend=...,[draft_|target_]dtype=...,[draft_|target_]device=...,"
         "n_ctx=...,n_threads=...,label=...' (default: the five study configurations)",
+    )
+    p.add_argument(
+        "--matrix",
+        choices=sorted(MATRICES),
+        help="a named set of configurations: study (the default: the five of the study) or "
+        "llamacpp (every drafter on the llama.cpp target: planned, suffix, n-gram, the draft "
+        "model, hybrid)",
     )
     p.add_argument("--k", metavar="LIST", help="K sweep, e.g. 1,2,4 or 1-8 (default 1-8)")
     p.add_argument(
@@ -129,6 +136,10 @@ def _names(text: str) -> tuple[str, ...]:
 def build_plan(args: argparse.Namespace) -> BenchPlan:
     plan = quick_plan() if args.quick else full_plan()
     changes: dict[str, Any] = {}
+    if args.config and args.matrix:
+        raise ConfigError("give --config or --matrix, not both")
+    if args.matrix:
+        changes["configs"] = tuple(MATRICES[args.matrix]())
     if args.config:
         configs = [parse_config(s) for s in args.config]
         check_unique_labels(configs)
@@ -187,8 +198,14 @@ def print_plan(plan: BenchPlan) -> None:
     for cfg in plan.configs:
         n = len(measurements(plan, cfg, prompts))
         total += n
-        draft = cfg.draft.label() if cfg.draft else f"ngram {cfg.ngram}"
-        print(f"  {cfg.label}: {draft} -> {cfg.target.label()}: {n} generations")
+        if cfg.free is not None:
+            draft = cfg.free
+        elif cfg.draft is not None:
+            draft = ("hybrid:" if cfg.hybrid else "") + cfg.draft.label()
+        else:
+            draft = f"ngram {cfg.ngram}"
+        ks = f" (K {', '.join(map(str, cfg.ks))})" if cfg.ks else ""
+        print(f"  {cfg.label}: {draft} -> {cfg.target.label()}{ks}: {n} generations")
     print(f"total: {total} generations")
 
 

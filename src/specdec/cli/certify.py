@@ -222,7 +222,11 @@ def run(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(f"specdec certify: {msg}", file=sys.stderr, flush=True)
 
-    cert = run_certificate(cfg, lambda: load_pair(draft_cfg, target_cfg), progress=say)
+    from specdec.api import measured_costs
+    from specdec.pairs import is_planned
+
+    costs = measured_costs if is_planned(draft_cfg) else None
+    cert = run_certificate(cfg, lambda: load_pair(draft_cfg, target_cfg, costs=costs), progress=say)
     print(cert.verdict_line())
     print(f"wrote {Path(args.out) / 'certificate.md'} and {Path(args.out) / 'certificate.json'}")
     return 1 if cert.status == FAIL else 0

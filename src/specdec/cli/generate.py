@@ -24,10 +24,12 @@ from specdec.decoding import GenerationResult, generate_stream
 from specdec.detokenize import IncrementalDecoder
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
-from specdec.pairs import is_model_free, load_pair
+from specdec.pairs import DEFAULT_DRAFT, is_model_free, is_planned, load_pair
 from specdec.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.prompting import encode_request, read_messages
 from specdec.stops import StopMatcher, check_stops, cut_at_stop
+
+DEFAULT_K = 6  # drafts per round when the user names a drafter but no K
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("prompt", nargs="?", help="prompt text ('-' reads standard input)")
     p.add_argument("-p", "--prompt", dest="prompt_option", help="the prompt, as an option")
-    p.add_argument("-k", type=int, default=6, help="draft tokens per round; 0 = plain decoding")
+    p.add_argument(
+        "-k",
+        type=int,
+        default=None,
+        help="draft tokens per round; 0 = plain decoding (default: chosen for this machine, "
+        f"see --auto; {DEFAULT_K} when a --draft is given)",
+    )
     p.add_argument(
         "--adaptive",
         action="store_true",
@@ -87,7 +95,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_args(p)
     add_sampling_args(p)
-    p.set_defaults(func=run)
+    # None: nothing chosen, so the default for this machine decides (see _default_choice)
+    p.set_defaults(func=run, draft=None)
 
 
 def _policy(args: argparse.Namespace, has_drafter: bool) -> KPolicy:
@@ -174,17 +183,28 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.k < 0:
+    if args.k is not None and args.k < 0:
         raise ConfigError(f"-k must be >= 0, got {args.k}")
+    # nothing about speculation chosen: the machine's default (a cached profile's choice, or
+    # the cost-aware suffix drafter on the target's own backend)
+    machine_default = not args.auto and args.draft is None and args.k is None and not args.adaptive
+    if args.draft is None:
+        args.draft = DEFAULT_DRAFT
+    if args.k is None:
+        args.k = DEFAULT_K
     sampling_config(args)  # validate before loading anything
     check_stops(args.stop)
     if prompt is not None and not prompt.strip():
         raise ConfigError("the prompt is empty")
     draft_cfg, target_cfg = model_configs(args)
     auto = None
-    if args.auto:
-        auto = _auto_choice(args, prompt or "".join(m["content"] for m in messages or []))
-        print(f"[specdec] auto: {auto.label}: {auto.reason}", file=sys.stderr)
+    text = prompt or "".join(m["content"] for m in messages or [])
+    if args.auto or machine_default:
+        auto = _auto_choice(args, text) if args.auto else _default_choice(args, text)
+        print(
+            f"[specdec] {'auto' if args.auto else 'default'}: {auto.label}: {auto.reason}",
+            file=sys.stderr,
+        )
         target_cfg = dataclasses.replace(target_cfg, backend=auto.target_backend)
         draft_cfg = (
             auto.draft_ref
@@ -193,14 +213,25 @@ def run(args: argparse.Namespace) -> int:
         )
         if not auto.speculative:
             draft_cfg = "none"
+        args.k = auto.policy().next_k() if auto.speculative else 0
     t0 = time.perf_counter()
-    draft, target = load_pair(draft_cfg if args.k > 0 or auto else "none", target_cfg)
+    draft, target = load_pair(
+        draft_cfg if args.k > 0 or auto else "none",
+        target_cfg,
+        costs=_cost_provider(args) if is_planned(draft_cfg) else None,
+    )
     t_load = time.perf_counter() - t0
     chat = True if args.chat else (False if args.raw else None)  # None: template if any
     prompt_ids = encode_request(target, prompt, messages=messages, system=args.system, chat=chat)
     print(f"[specdec] loaded in {t_load:.1f} s; prompt {len(prompt_ids)} tokens", file=sys.stderr)
 
-    if args.compare:
+    if args.compare and draft is None and auto is not None:
+        print(
+            "[specdec] --compare: the configuration chosen here is plain decoding, so there is "
+            "nothing to compare; name a drafter (--draft, -k) to compare it",
+            file=sys.stderr,
+        )
+    elif args.compare:
         if draft is None:
             raise ConfigError("--compare needs a drafter (-k > 0 and a --draft)")
         # warm both paths up so one-time initialisation is not billed to either
@@ -275,8 +306,33 @@ def _auto_choice(args: argparse.Namespace, prompt: str) -> Any:
         n_threads=args.threads,
         log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
     )
+    assert result is not None  # only cached_only gives None
     # about 4 characters per token for English and code (only used to spot long prompts)
     return choose(result, len(prompt) // 4, args.max_new_tokens)
+
+
+def _default_choice(args: argparse.Namespace, prompt: str) -> Any:
+    """What runs when nothing about speculation was chosen (``profiler.auto.machine_default``)."""
+    from specdec.profiler.auto import machine_default
+
+    return machine_default(
+        args.target,
+        target_backend=args.target_backend,
+        draft_backend=args.draft_backend,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        prompt_tokens=len(prompt) // 4,  # about 4 characters per token (spots long prompts)
+        new_tokens=args.max_new_tokens,
+    )
+
+
+def _cost_provider(args: argparse.Namespace) -> Any:
+    from specdec.profiler.target_costs import cached_target_costs
+
+    def costs(cfg: Any, lm: CausalLM) -> Any:
+        return cached_target_costs(cfg, lm, log=lambda m: print(f"[specdec] {m}", file=sys.stderr))
+
+    return costs
 
 
 def _short(args: argparse.Namespace) -> argparse.Namespace:

@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--prompts", default=None, help="probe prompts (JSONL or text file)")
     src.add_argument("--category", action="append", default=None, help="Spec-Bench category")
     p.add_argument("--n-prompts", type=int, default=1, help="probe prompts per category (1)")
-    p.add_argument("--new-tokens", type=int, default=48, help="tokens per probe run (48)")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens per probe run (32)")
     p.add_argument("--chat", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--check-top", type=int, default=3, help="real runs of the top N (3)")
     p.add_argument("--threads", type=int, default=None)
@@ -66,13 +66,15 @@ def probe_prompts(args: argparse.Namespace) -> list[str]:
 
 
 def spec_from_args(args: argparse.Namespace) -> Any:
-    from specdec.pairs import DEFAULT_DRAFT
     from specdec.profiler.run import ProfileSpec
 
+    # the defaults are ProfileSpec's, so that the profile cached here is the one that
+    # `generate` (no flags, or --auto) looks up
+    default = ProfileSpec()
     return ProfileSpec(
         target=args.target,
-        target_backends=tuple(args.target_backend or ("llamacpp", "hf")),
-        drafts=tuple(args.draft or (DEFAULT_DRAFT, "ngram", "suffix")),
+        target_backends=tuple(args.target_backend or default.target_backends),
+        drafts=tuple(args.draft or default.drafts),
         draft_backend=args.draft_backend,
         n_new=args.new_tokens,
         check_top=args.check_top,

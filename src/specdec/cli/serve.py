@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from specdec.cli import command_help
 from specdec.cli.common import add_model_args, check_common, model_configs, quiet_libraries
 from specdec.errors import ConfigError
-from specdec.pairs import load_pair, release
+from specdec.pairs import DEFAULT_DRAFT, is_planned, load_pair, release
 
 if TYPE_CHECKING:
     from specdec.api import Pair
@@ -35,7 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=os.environ.get(API_KEY_ENV),
         help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; none: open)",
     )
-    p.add_argument("-k", type=int, default=6, help="draft tokens per round; 0 = plain decoding")
+    p.add_argument(
+        "-k",
+        type=int,
+        default=None,
+        help="draft tokens per round; 0 = plain decoding (default: chosen for this machine as "
+        "`specdec generate` does; 6 when a --draft is given)",
+    )
     p.add_argument("--adaptive", action="store_true", help="adapt K each round (K = maximum)")
     p.add_argument(
         "--auto",
@@ -68,14 +74,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds in-flight requests get to finish on Ctrl-C before they are cancelled",
     )
     add_model_args(p)
-    p.set_defaults(func=run)
+    # None: nothing chosen, so the machine's default decides (as in `specdec generate`)
+    p.set_defaults(func=run, draft=None)
 
 
 def _check(args: argparse.Namespace) -> None:
     check_common(args)
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
-    if args.k < 0:
+    if args.k is not None and args.k < 0:
         raise ConfigError(f"-k must be >= 0, got {args.k}")
     if args.default_max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.default_max_tokens}")
@@ -90,6 +97,13 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     quiet_libraries()
     _check(args)
+    args.machine_default = (
+        not args.auto and args.draft is None and args.k is None and not args.adaptive
+    )
+    if args.draft is None:
+        args.draft = DEFAULT_DRAFT
+    if args.k is None:
+        args.k = 6
     try:
         import uvicorn
 
@@ -104,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(
         settings=ServeSettings(
             model_name=name,
-            k=None if args.auto else args.k,
+            k=None if args.auto or args.machine_default else args.k,
             adaptive=args.adaptive,
             default_max_tokens=args.default_max_tokens,
         ),
@@ -113,7 +127,13 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
     )
     app = create_app(pair, config)
-    how = "auto" if args.auto else f"K={args.k}{', adaptive' if args.adaptive else ''}"
+    how = (
+        "auto"
+        if args.auto
+        else f"default: {pair.auto.label}"
+        if args.machine_default and pair.auto is not None
+        else f"K={args.k}{', adaptive' if args.adaptive else ''}"
+    )
     print(
         f"[specdec] serving {name!r} on http://{args.host}:{args.port}/v1 ({how}, "
         f"{'API key required' if args.api_key else 'no API key'})",
@@ -136,21 +156,28 @@ def _load(args: argparse.Namespace) -> Pair:
     """The pair to serve: as ``generate`` loads it, or the profile's choice with --auto."""
     from specdec.api import Pair, load
 
-    if args.auto:
+    if args.auto or args.machine_default:
         pair = load(
             args.target,
-            args.draft,
+            "default" if args.machine_default else args.draft,
             target_backend=args.target_backend,
             draft_backend=args.draft_backend,
             device=args.device,
             dtype=args.dtype,
             n_ctx=args.n_ctx,
             n_threads=args.threads,
-            auto=True,
+            auto=args.auto,
         )
         if pair.auto is not None:
-            print(f"[specdec] auto: {pair.auto.label}: {pair.auto.reason}", file=sys.stderr)
+            how = "auto" if args.auto else "default"
+            print(f"[specdec] {how}: {pair.auto.label}: {pair.auto.reason}", file=sys.stderr)
         return pair
+    from specdec.api import measured_costs
+
     draft_cfg, target_cfg = model_configs(args)
-    draft, target = load_pair(draft_cfg if args.k > 0 else "none", target_cfg)
+    draft, target = load_pair(
+        draft_cfg if args.k > 0 else "none",
+        target_cfg,
+        costs=measured_costs if is_planned(draft_cfg) else None,
+    )
     return Pair(target, draft)

@@ -69,7 +69,16 @@ def profile_key(
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:24]
 
 
+PROFILE_DIR_ENV = "SPECDEC_PROFILES"
+
+
 def profile_dir(root: Path | None = None) -> Path:
+    """``root``/profiles; by default ``$SPECDEC_PROFILES`` if set, else ``profiles`` in the
+    model store."""
+    if root is None:
+        env = os.environ.get(PROFILE_DIR_ENV, "").strip()
+        if env:
+            return Path(env).expanduser()
     return (root if root is not None else default_cache_dir()) / "profiles"
 
 

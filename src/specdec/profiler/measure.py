@@ -57,7 +57,7 @@ def row_overhead(vocab_size: int, rows: int = 9, repeats: int = 5) -> float:
     return float(statistics.median(samples[1:])) / rows
 
 
-def round_overhead(target: CausalLM, n_tokens: int = 16) -> float:
+def round_overhead(target: CausalLM, n_tokens: int = 8) -> float:
     """Seconds per round that the loop spends outside the target pass and the row work
     (bookkeeping, between rounds too), from a short plain run after a warm-up one; the row
     work is measured separately (``row_overhead``)."""
@@ -72,15 +72,26 @@ def round_overhead(target: CausalLM, n_tokens: int = 16) -> float:
     return samples[-1]
 
 
+# verify passes timed by the profile (the others are interpolated): every size drafts of up
+# to 6 use, then the coarser points where the curves measured here change slope
+PROFILE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
+
+
 def target_costs(
-    target: CausalLM, *, context_tokens: int = 100, n_max: int = 16, repeats: int = 3
+    target: CausalLM,
+    *,
+    context_tokens: int = 100,
+    n_max: int = 16,
+    repeats: int = 3,
+    ns: Sequence[int] | None = PROFILE_NS,
+    prefill_repeats: int = 1,
 ) -> Costs:
     """The target side of the costs: verify curve, prefill throughput, loop overhead."""
     ctx = profile_context(target, context_tokens)
-    times = verify_times(target, ctx, n_max, repeats)
+    times = verify_times(target, ctx, n_max, repeats, ns=ns)
     return Costs(
         verify_s=tuple(times),
-        prefill_tps=prefill_throughput(target),
+        prefill_tps=prefill_throughput(target, repeats=prefill_repeats),
         row_s=row_overhead(target.vocab_size),
         round_s=round_overhead(target),
     )
@@ -160,5 +171,35 @@ def model_free_probe(
                 break
             matched += 1
         proposals.append((len(toks), matched))
+    drafter.reset()
+    return ProbeSequence(len(prompt), len(cont), proposals=tuple(proposals))
+
+
+def round_walk_probe(
+    drafter: Drafter, prompt_ids: Sequence[int], continuation: Sequence[int], k_cap: int
+) -> ProbeSequence:
+    """Like ``model_free_probe`` for a drafter that learns from its own rounds (the planned
+    suffix drafter): the proposals are made where a greedy run at K = k_cap starts its rounds,
+    each round's context being what that run would have, so what the drafter learns matches
+    a real run. Positions where no round starts propose nothing; the sequence is only valid
+    for ``simulate(seq, k_cap)``."""
+    prompt = [int(t) for t in prompt_ids]
+    cont = [int(t) for t in continuation]
+    gen, sw = make_generator(0), Stopwatch()
+    drafter.reset()
+    drafter.prefill(prompt[:-1])
+    proposals: list[tuple[int, int]] = [(0, 0)] * len(cont)
+    t = 0
+    while t < len(cont):
+        ctx = prompt + cont[:t]
+        drafter.rollback(ctx)
+        toks = drafter.propose(ctx, min(k_cap, len(cont) - t - 1), GREEDY, gen, sw).tokens
+        matched = 0
+        for a, b in zip(toks, cont[t:], strict=False):
+            if a != b:
+                break
+            matched += 1
+        proposals[t] = (len(toks), matched)
+        t += matched + 1
     drafter.reset()
     return ProbeSequence(len(prompt), len(cont), proposals=tuple(proposals))

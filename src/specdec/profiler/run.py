@@ -20,17 +20,27 @@ from typing import Any
 
 from specdec.decoding import generate
 from specdec.drafters.base import Drafter
+from specdec.drafters.planned import PlannedSuffixDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM
+from specdec.models.base import CausalLM, extend_last
 from specdec.models.loader import ModelConfig, load_model
 from specdec.models.vocab import check_same_vocabulary
-from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET, is_model_free, parse_drafter, release
+from specdec.pairs import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    is_model_free,
+    is_planned,
+    parse_drafter,
+    release,
+)
 from specdec.profiler import cache
 from specdec.profiler.decide import DEFAULT_MARGIN, Candidate, Recommendation, Scored, rank
 from specdec.profiler.measure import (
     greedy_continuation,
     model_draft_probe,
     model_free_probe,
+    round_walk_probe,
     target_costs,
     with_model_draft,
     with_model_free_draft,
@@ -40,6 +50,7 @@ from specdec.prompting import encode_prompt
 from specdec.theory import Costs
 
 Log = Callable[[str], None]
+PLANNED_K = 16  # the cap on a planned suffix draft (the planner picks the length below it)
 
 
 @dataclass(frozen=True)
@@ -48,9 +59,9 @@ class ProfileSpec:
 
     target: str = DEFAULT_TARGET
     target_backends: tuple[str, ...] = ("llamacpp", "hf")
-    drafts: tuple[str, ...] = (DEFAULT_DRAFT, "ngram", "suffix")
+    drafts: tuple[str, ...] = (DEFAULT_DRAFT, "ngram", "suffix", "planned")
     draft_backend: str = "llamacpp"
-    n_new: int = 48  # tokens per probe continuation
+    n_new: int = 32  # tokens per probe continuation
     k_model: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)
     k_free: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
     check_top: int = 3  # real runs of the top predicted configurations
@@ -156,6 +167,18 @@ def _probe_accept(seqs: Sequence[ProbeSequence], k: int) -> list[float]:
     return [a / r if r else 0.0 for a, r in zip(accepted, reached, strict=True)]
 
 
+def profile_cache_key(spec: ProfileSpec, prompts: Sequence[str]) -> str:
+    return cache.profile_key(
+        target=spec.target, drafts=spec.drafts, settings=spec.settings(), prompts=list(prompts)
+    )
+
+
+def cached_profile(spec: ProfileSpec, prompts: Sequence[str]) -> ProfileResult | None:
+    """The cached profile for ``spec`` and ``prompts``, or None (nothing is measured)."""
+    hit = cache.load_cached(profile_cache_key(spec, prompts))
+    return ProfileResult.from_dict(hit) if hit is not None else None
+
+
 def run_profile(
     spec: ProfileSpec,
     prompts: Sequence[str],
@@ -167,9 +190,7 @@ def run_profile(
     """Profile (or read the cached profile of) every candidate configuration."""
     if not prompts:
         raise ConfigError("profile needs at least one probe prompt")
-    key = cache.profile_key(
-        target=spec.target, drafts=spec.drafts, settings=spec.settings(), prompts=list(prompts)
-    )
+    key = profile_cache_key(spec, prompts)
     if not refresh:
         hit = cache.load_cached(key)
         if hit is not None:
@@ -223,13 +244,17 @@ def _measure(
         entries.append((cand, predict(cand.label, c, plain, 0, model_draft=False)))
         labels[cand.label] = c
 
-    drafters: dict[str, tuple[CausalLM | Drafter, bool]] = {}
+    # (drafter name, target backend) -> the drafter object run with that backend
+    drafters: dict[tuple[str, str], CausalLM | Drafter] = {}
     refs: dict[str, str] = {"none": "none"}  # drafter name -> its reference
     probe_accept: dict[str, list[float]] = {}
     for ref in spec.drafts:
         if ref == "none":
             continue
         model_draft = not is_model_free(ref)
+        # drafter name -> probe sequences, per backend (one shared entry when the drafter's
+        # proposals do not depend on the backend)
+        per_backend: dict[str, list[ProbeSequence]] = {}
         if model_draft:
             log(f"profile: loading draft {ref} on {spec.draft_backend}")
             dm = loader(spec.model_config(ref, spec.draft_backend))
@@ -242,19 +267,34 @@ def _measure(
             ]
             ks = spec.k_model
             name = _short(ref)
-            drafters[name] = (dm, True)
+            for backend in costs:
+                drafters[(name, backend)] = dm
+                per_backend[backend] = seqs
         else:
-            drafter = parse_drafter(ref)
-            assert drafter is not None
-            k_cap = max(spec.k_free)
-            seqs = [model_free_probe(drafter, p, t, k_cap) for p, t in zip(ids, conts, strict=True)]
-            ks = spec.k_free
+            # the planned drafter sizes its own drafts (K only caps them) and learns from
+            # its rounds, so it is probed round by round at its cap
+            ks = (PLANNED_K,) if is_planned(ref) else spec.k_free
+            k_cap = max(ks)
             name = ref
-            drafters[name] = (drafter, False)
+            shared: list[ProbeSequence] | None = None
+            for backend, c in costs.items():
+                drafter = _model_free(ref, c)
+                drafters[(name, backend)] = drafter
+                if is_planned(ref):
+                    shared = [
+                        round_walk_probe(drafter, p, t, k_cap)
+                        for p, t in zip(ids, conts, strict=True)
+                    ]
+                elif shared is None:
+                    shared = [
+                        model_free_probe(drafter, p, t, k_cap)
+                        for p, t in zip(ids, conts, strict=True)
+                    ]
+                per_backend[backend] = shared
         refs[name] = ref
-        probe_accept[name] = _probe_accept(seqs, max(ks))
+        probe_accept[name] = _probe_accept(next(iter(per_backend.values())), max(ks))
         for backend, c in costs.items():
-            obj = drafters[name][0]
+            obj = drafters[(name, backend)]
             dc = (
                 with_model_draft(c, obj)  # type: ignore[arg-type]
                 if model_draft
@@ -262,8 +302,9 @@ def _measure(
             )
             cand = Candidate(backend, name, model_draft)
             labels[cand.label] = dc
+            seqs_b = per_backend[backend]
             for k in ks:
-                entries.append((cand, predict(cand.label, dc, seqs, k, model_draft=model_draft)))
+                entries.append((cand, predict(cand.label, dc, seqs_b, k, model_draft=model_draft)))
 
     result = ProfileResult(
         key=key,
@@ -284,6 +325,16 @@ def _measure(
     return result
 
 
+def _model_free(ref: str, costs: Costs) -> Drafter:
+    """A model-free drafter; a planned one sized by this backend's costs."""
+    drafter = parse_drafter(ref)
+    assert drafter is not None
+    if is_planned(ref):
+        assert isinstance(drafter, SuffixDrafter)
+        return PlannedSuffixDrafter(drafter, costs)
+    return drafter
+
+
 def _short(ref: str) -> str:
     return ref.rsplit("/", 1)[-1].removesuffix(".gguf")
 
@@ -298,7 +349,7 @@ def _check(
     rec: Recommendation,
     top: int,
     targets: dict[str, CausalLM],
-    drafters: dict[str, tuple[CausalLM | Drafter, bool]],
+    drafters: dict[tuple[str, str], CausalLM | Drafter],
     ids: Sequence[Sequence[int]],
     n_new: int,
 ) -> list[Check]:
@@ -308,18 +359,39 @@ def _check(
             break
         if s is not rec.plain:
             chosen.append(s)
+
+    # Per backend and prompt the target prefills once (timed) and every checked configuration
+    # then decodes from that cache (reuse_prefix), in an order rotated per prompt so slow drift
+    # hits them alike: the prompt's prefill is the same work for all of them, so it is paid
+    # once, and each configuration's end-to-end time is that prefill plus its own run (a
+    # draft model's own prefill included).
+    def draft_of(s: Scored) -> CausalLM | Drafter | None:
+        if s.candidate.drafter == "none":
+            return None
+        return drafters[(s.candidate.drafter, s.candidate.target_backend)]
+
+    totals = {id(s): [0, 0.0, 0.0] for s in chosen}  # tokens, decode s, end-to-end s
+    for s in chosen:  # warm-up
+        generate(targets[s.candidate.target_backend], draft_of(s), ids[0], max_new_tokens=4, k=s.k)
+    for backend in dict.fromkeys(s.candidate.target_backend for s in chosen):
+        target = targets[backend]
+        mine = [s for s in chosen if s.candidate.target_backend == backend]
+        for i, p in enumerate(ids):
+            if target.n_cached:
+                target.truncate(0)
+            t0 = time.perf_counter()
+            extend_last(target, p[:-1])
+            prefill = time.perf_counter() - t0
+            for s in mine[i % len(mine) :] + mine[: i % len(mine)]:
+                res = generate(target, draft_of(s), p, max_new_tokens=n_new, k=s.k)
+                t = totals[id(s)]
+                t[0] += len(res.tokens)
+                t[1] += res.t_total - res.t_prefill
+                t[2] += prefill + res.t_total
+        target.truncate(0)
     checks = []
     for s in chosen:
-        target = targets[s.candidate.target_backend]
-        draft = None if s.candidate.drafter == "none" else drafters[s.candidate.drafter][0]
-        generate(target, draft, ids[0], max_new_tokens=4, k=s.k, reuse_prefix=False)  # warm
-        tokens = 0
-        decode = e2e = 0.0
-        for p in ids:
-            res = generate(target, draft, p, max_new_tokens=n_new, k=s.k, reuse_prefix=False)
-            tokens += len(res.tokens)
-            decode += res.t_total - res.t_prefill
-            e2e += res.t_total
+        tokens, decode, e2e = totals[id(s)]
         pred = s.prediction
         checks.append(
             Check(
@@ -353,10 +425,20 @@ def _recommend(rec: Recommendation, checks: Sequence[Check]) -> dict[str, Any]:
             best, best_e2e = s, ch.measured_e2e_s
     reason = rec.reason
     if best is not rec.best:
-        reason = (
-            f"measured: {best.candidate.label} (K={best.k}) was fastest of the checked "
-            f"configurations, against the prediction ({rec.best.candidate.label}). " + reason
-        )
+        plain_e2e = plain_check.measured_e2e_s if plain_check else math.nan
+        if best is rec.plain:
+            reason = (
+                f"measured: {best.candidate.label} was fastest of the checked configurations "
+                f"(the prediction favoured {rec.best.candidate.label}). " + reason
+            )
+        else:
+            reason = (
+                f"{best.candidate.label}, K={best.k}: measured {plain_e2e / best_e2e:.2f}x end "
+                f"to end over {rec.plain.candidate.label} on the probe prompts "
+                f"({best_e2e:.1f} s vs {plain_e2e:.1f} s; speculation must reach "
+                f"{DEFAULT_MARGIN:.2f}x), although the prediction favoured "
+                f"{rec.best.candidate.label}. Prediction: " + reason
+            )
     return {
         "candidate": asdict(best.candidate),
         "label": best.candidate.label,

@@ -1,0 +1,194 @@
+"""Cost-aware draft lengths for the suffix drafter: draft only what is expected to pay.
+
+Where verification is nearly serial (llama.cpp on a small CPU: one more verified row costs
+about half a plain step), a rejected draft is a loss, so the length of each draft must
+weigh how likely its tokens are to be kept against what verifying them costs. For a draft
+whose earliest suffix match has m tokens, the planner keeps two acceptance rates per
+match-length bucket, learned from this generation's rounds:
+
+    first   P(draft token 1 kept)
+    cont    P(draft token i kept | tokens 1..i-1 kept), i >= 2
+
+and keeps the length L (0..len(draft)) that maximises expected tokens per second,
+
+    E[tokens | L] / seconds(L),   E = 1 + sum_{i<=L} prod_{j<=i} a_j,
+    seconds(L) = costs.round_seconds(L)   (the target's measured verify curve),
+
+where L = 0 is a plain step. A bucket that has been tried only a few times is judged with an
+optimistic first-token rate (its mean plus one standard deviation), so a pessimistic prior
+cannot shut a bucket forever.
+
+Everything the planner learns comes from the accepted context (how much of the previous
+draft the context kept), never from timings: a fixed seed gives a fixed output and a fixed
+trace of draft lengths. Cutting a draft short never changes what the target emits (the
+drafter is deterministic given the context and its rows are one-hot), so the output keeps
+the target's distribution.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.drafters.base import Draft
+from specdec.drafters.suffix import SuffixDrafter
+from specdec.errors import ConfigError
+from specdec.sampling import SamplingConfig
+from specdec.theory import Costs, expected_tokens_per_round
+from specdec.timing import Stopwatch
+
+# match-length buckets: the lower bound of each (a match of m tokens falls in the last
+# bucket whose bound is <= m)
+BUCKETS = (1, 2, 3, 4, 6, 8)
+# priors per bucket (first token, continuation): short matches are often coincidences,
+# long ones usually verbatim copies
+PRIOR_FIRST = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+PRIOR_CONT = (0.6, 0.7, 0.75, 0.8, 0.85, 0.9)
+PRIOR_WEIGHT = 2.0  # pseudo-observations behind each prior
+EXPLORE_TRIALS = 4  # below this many first-token trials, judge a bucket optimistically
+
+
+def bucket_of(match_len: int) -> int:
+    """Index of the bucket of a match of ``match_len`` >= 1 tokens."""
+    assert match_len >= 1
+    return max(i for i, lo in enumerate(BUCKETS) if lo <= match_len)
+
+
+@dataclass
+class Rate:
+    """A Bernoulli rate with a prior: (successes + w * prior) / (trials + w)."""
+
+    prior: float
+    successes: float = 0.0
+    trials: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        return (self.successes + PRIOR_WEIGHT * self.prior) / (self.trials + PRIOR_WEIGHT)
+
+    @property
+    def optimistic(self) -> float:
+        n = self.trials + PRIOR_WEIGHT
+        m = self.mean
+        return min(1.0, m + math.sqrt(m * (1.0 - m) / (n + 1.0)))
+
+    def add(self, success: bool) -> None:
+        self.trials += 1.0
+        self.successes += float(success)
+
+
+def best_length(first: float, cont: float, max_len: int, costs: Costs) -> int:
+    """The draft length in 0..max_len with the highest expected tokens per second (ties go
+    to the shorter draft)."""
+    best, best_rate = 0, 1.0 / costs.round_seconds(0)
+    accept = [first] + [cont] * max(0, max_len - 1)  # [max_len]
+    for n in range(1, max_len + 1):
+        rate = expected_tokens_per_round(accept, n) / costs.round_seconds(n)
+        if rate > best_rate * (1.0 + 1e-9):
+            best, best_rate = n, rate
+    return best
+
+
+@dataclass
+class MatchPlanner:
+    """Learned acceptance per match-length bucket, and the cost-aware length choice."""
+
+    costs: Costs
+    first: list[Rate] = field(default_factory=list)
+    cont: list[Rate] = field(default_factory=list)
+    trace: list[tuple[int, int, int]] = field(default_factory=list)  # (match, drafted, kept)
+
+    def __post_init__(self) -> None:
+        if not self.first:
+            self.first = [Rate(p) for p in PRIOR_FIRST]
+        if not self.cont:
+            self.cont = [Rate(p) for p in PRIOR_CONT]
+        assert len(self.first) == len(self.cont) == len(BUCKETS)
+
+    def length(self, match_len: int, available: int) -> int:
+        """How many of ``available`` drafted tokens to keep for a match of ``match_len``."""
+        if match_len < 1 or available < 1:
+            return 0
+        b = bucket_of(match_len)
+        f = self.first[b]
+        first = f.optimistic if f.trials < EXPLORE_TRIALS else f.mean
+        return best_length(first, self.cont[b].mean, available, self.costs)
+
+    def observe(self, match_len: int, drafted: int, kept: int) -> None:
+        """A round drafted ``drafted`` tokens for a match of ``match_len``; ``kept`` survived."""
+        assert 0 <= kept <= drafted
+        if drafted == 0:
+            return
+        self.trace.append((match_len, drafted, kept))
+        b = bucket_of(match_len)
+        self.first[b].add(kept >= 1)
+        for i in range(1, min(drafted, kept + 1)):  # continuation tokens that were tested
+            self.cont[b].add(i < kept)
+
+
+class PlannedSuffixDrafter:
+    """A ``SuffixDrafter`` whose drafts are cut to the cost-aware length of a ``MatchPlanner``.
+
+    It learns how much of each draft was kept from the next context it is given: the tokens
+    after the previous context either start with the whole draft (all kept) or leave it at
+    the first rejected position (the token emitted there differs from the draft's, for
+    greedy and for one-hot sampled drafts alike).
+    """
+
+    def __init__(self, inner: SuffixDrafter, costs: Costs) -> None:
+        if not isinstance(inner, SuffixDrafter):
+            raise ConfigError("the cost-aware planner needs a suffix drafter")
+        self.inner = inner
+        self.costs = costs
+        self.name = f"{inner.name}-planned"
+        self.planner = MatchPlanner(costs)
+        self._pending: tuple[int, int, list[int]] | None = None  # (context len, match, draft)
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.planner = MatchPlanner(self.costs)
+        self._pending = None
+
+    def prefill(self, context: Sequence[int]) -> None:
+        self.inner.prefill(context)
+
+    def _settle(self, context: Sequence[int]) -> None:
+        """Account for the previous draft, now that the context shows what was kept."""
+        if self._pending is None:
+            return
+        start, match_len, draft = self._pending
+        if len(context) <= start:
+            return  # nothing emitted after it yet (rollback within the same round)
+        kept = 0
+        for tok, got in zip(draft, context[start:], strict=False):
+            if tok != got:
+                break
+            kept += 1
+        self.planner.observe(match_len, len(draft), kept)
+        self._pending = None
+
+    def rollback(self, context: Sequence[int]) -> None:
+        self._settle(context)
+        self.inner.rollback(context)
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator,
+        stopwatch: Stopwatch,
+    ) -> Draft:
+        self._settle(context)
+        draft = self.inner.propose(context, k, sampling, generator, stopwatch)
+        if not draft.tokens:
+            return draft
+        match_len = self.inner.last_match_len
+        keep = self.planner.length(match_len, len(draft.tokens))
+        tokens = draft.tokens[:keep]
+        if tokens:
+            self._pending = (len(context), match_len, tokens)
+        return Draft(tokens, None)

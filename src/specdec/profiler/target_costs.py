@@ -1,0 +1,60 @@
+"""The target's measured costs on this machine, measured once and cached: what the
+cost-aware suffix drafter (``drafters.planned``) needs when no full profile exists.
+
+A full ``specdec profile`` takes minutes; these few passes (the verify curve up to
+``N_MAX`` tokens, the prefill throughput and the loop's overheads) take about 15-20 s for
+the 1.5B Q4_K_M on llama.cpp on a 2-core CPU. They are cached per machine, package versions,
+model file (SHA-256) and backend settings like a profile, so a later run never re-measures
+and a changed model never reuses stale numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from specdec.models.base import CausalLM
+from specdec.models.loader import ModelConfig
+from specdec.profiler import cache
+from specdec.profiler.measure import PROFILE_NS, target_costs
+from specdec.theory import Costs
+
+N_MAX = 12  # verify passes up to this many tokens (longer ones are extrapolated)
+REPEATS = 2
+
+Log = Callable[[str], None]
+
+
+def costs_key(cfg: ModelConfig) -> str:
+    settings: dict[str, Any] = {
+        "kind": "target-costs",
+        "backend": cfg.resolved_backend(),
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "n_threads": cfg.n_threads,
+        "n_max": N_MAX,
+        "repeats": REPEATS,
+        "ns": list(PROFILE_NS),
+    }
+    return cache.profile_key(target=cfg.model, drafts=(), settings=settings, prompts=[])
+
+
+def cached_target_costs(
+    cfg: ModelConfig, target: CausalLM, *, log: Log = lambda _: None, refresh: bool = False
+) -> Costs:
+    """The target's costs from the cache, or measured now (and cached)."""
+    key = costs_key(cfg)
+    if not refresh:
+        hit = cache.load_cached(key)
+        if hit is not None and isinstance(hit.get("costs"), dict):
+            c = dict(hit["costs"])
+            c["verify_s"] = tuple(c["verify_s"])
+            return Costs(**c)
+    log(
+        f"measuring the target's verify cost on this machine once (passes of 1..{N_MAX} "
+        "tokens; cached)"
+    )
+    costs = target_costs(target, n_max=N_MAX, repeats=REPEATS)
+    cache.save(key, {"costs": asdict(costs), "model": cfg.model})
+    return costs

@@ -1,0 +1,109 @@
+"""What runs when nothing about speculation is chosen (`specdec generate` with no -k, --draft
+or --adaptive; `specdec.load()` with the default draft; `specdec serve`): the cached
+profile's recommendation when this machine has one, else the cost-aware suffix drafter on the
+target's own backend, whose costs are measured once and cached."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import specdec
+from specdec.cli import main
+from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET_BACKEND
+from specdec.profiler import auto
+from specdec.profiler.auto import machine_default, unprofiled_choice
+from specdec.profiler.run import ProfileSpec, cached_profile, run_profile
+
+MOCK = ["--target", "mock:target", "--target-backend", "mock", "--no-stop", "--json"]
+
+
+def test_without_a_profile_generate_runs_the_planned_drafter(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["generate", *MOCK, "-n", "12", "abc abc abc abc"]) == 0
+    out = capsys.readouterr()
+    assert "default: planned -> mock" in out.err
+    assert "measuring the target's verify cost" in out.err  # once ...
+    spec = json.loads(out.out)
+    assert main(["generate", *MOCK, "-n", "12", "-k", "0", "abc abc abc abc"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert spec["n_tokens"] == 12 and spec["text"] == plain["text"]  # greedy: the same text
+    assert main(["generate", *MOCK, "-n", "12", "abc abc abc abc"]) == 0
+    assert "measuring" not in capsys.readouterr().err  # ... then cached
+
+
+def test_naming_a_drafter_or_k_is_not_the_default(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", *MOCK, "-n", "6", "--draft", "ngram", "--draft-backend", "mock", "xy"]
+    assert main(argv) == 0
+    assert "default:" not in capsys.readouterr().err
+    assert main(["generate", *MOCK, "-n", "6", "-k", "0", "xy"]) == 0
+    assert "default:" not in capsys.readouterr().err
+
+
+def test_a_cached_profile_decides_the_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a profile on record its recommendation runs, not the unprofiled rule."""
+    spec = ProfileSpec(
+        target="mock:target",
+        target_backends=("mock",),
+        drafts=("ngram",),
+        draft_backend="mock",
+        n_new=12,
+        k_free=(2, 4),
+        check_top=1,
+        n_ctx=512,
+    )
+    result = run_profile(spec, ["abc abc abc abc abc", "the cat sat on the mat"])
+    seen: list[dict[str, Any]] = []
+
+    def cached(*args: Any, **kw: Any) -> Any:
+        seen.append(kw)
+        return result
+
+    monkeypatch.setattr(auto, "auto_profile", cached)
+    choice = machine_default(
+        "mock:target", target_backend="mock", draft_backend="mock", n_ctx=512, n_threads=None
+    )
+    assert seen and seen[0]["cached_only"] is True  # nothing is profiled by the default
+    assert choice.label == result.recommendation["label"]
+    assert main(["generate", *MOCK, "-n", "8", "abc abc abc abc"]) == 0
+    assert f"default: {result.recommendation['label']}" in capsys.readouterr().err
+
+
+def test_the_profile_cli_caches_what_the_default_looks_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`specdec profile` with no flags and `generate` with no flags use one cache key."""
+    from specdec.cli import build_parser
+    from specdec.cli import profile as profile_cli
+
+    args = build_parser().parse_args(["profile"])
+    cli_spec = profile_cli.spec_from_args(args)
+    looked_up: list[ProfileSpec] = []
+
+    def fake_cached(spec: ProfileSpec, prompts: Any) -> None:
+        looked_up.append(spec)
+
+    monkeypatch.setattr(auto, "cached_profile", fake_cached)
+    machine_default(
+        cli_spec.target,
+        target_backend=DEFAULT_TARGET_BACKEND,
+        draft_backend="auto",
+        n_ctx=cli_spec.n_ctx,
+        n_threads=None,
+    )
+    assert looked_up == [cli_spec]
+    assert DEFAULT_DRAFT in cli_spec.drafts and "planned" in cli_spec.drafts
+
+
+def test_the_api_default_and_serve_use_the_same_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    pair = specdec.load("mock:target", target_backend="mock", n_ctx=512)
+    assert pair.auto is not None and pair.auto.label == "planned -> mock"
+    done = pair.generate("abc abc abc abc", max_new_tokens=10, stop_on_eos=False)
+    plain = pair.generate("abc abc abc abc", max_new_tokens=10, stop_on_eos=False, k=0)
+    assert done.tokens == plain.tokens
+    assert cached_profile(ProfileSpec(target="mock:target"), ["x"]) is None
+    assert unprofiled_choice("llamacpp").speculative
