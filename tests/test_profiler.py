@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -259,3 +260,40 @@ def test_auto_generate_and_load_auto_run_the_recommendation(
     done = pair.generate("abc abc abc abc", max_new_tokens=12, stop_on_eos=False)
     plain = pair.generate("abc abc abc abc", max_new_tokens=12, stop_on_eos=False, k=0)
     assert done.tokens == plain.tokens  # greedy: whatever auto picks, the target's output
+
+
+# -- the measured recommendation: margin for speculation, fallback margin for planned ---------
+
+
+def _scored(drafter: str, k: int) -> Any:
+    from specdec.profiler.decide import Candidate, Scored
+    from specdec.profiler.predict import Prediction
+
+    pred = Prediction(drafter, k, 1.0, 0.1, 10, 10, 0.0, 0.0, 10)
+    return Scored(Candidate("llamacpp", drafter, False), k, pred, 1.0, 1.0, 1.0)
+
+
+def _measured(plain_s: float, **others: float) -> dict[str, Any]:
+    from specdec.profiler.decide import Recommendation
+    from specdec.profiler.run import Check, _recommend
+
+    plain = _scored("none", 0)
+    rest = [_scored(name, 16 if name == "planned" else 2) for name in others]
+    rec = Recommendation(best=plain, ranked=[plain, *rest], plain=plain, reason="predicted")
+    checks = [Check("plain llamacpp", 0, 1.0, 1.0, 1.0, plain_s)]
+    for s, secs in zip(rest, others.values(), strict=True):
+        checks.append(Check(s.candidate.label, s.k, 1.0, 1.0, 1.0, secs))
+    return _recommend(rec, checks)
+
+
+def test_speculation_needs_the_margin_and_planned_only_the_fallback_margin() -> None:
+    # planned within 3 % of plain: chosen (it falls back to plain steps by itself)
+    r = _measured(10.0, planned=10.2)
+    assert r["label"] == "planned -> llamacpp" and "falls back" in r["reason"]
+    # planned more than 3 % slower: plain
+    assert _measured(10.0, planned=10.4)["label"] == "plain llamacpp"
+    # a fixed-K drafter within the noise is not chosen, and not as a fallback either
+    assert _measured(10.0, suffix=9.8)["label"] == "plain llamacpp"
+    # a drafter 1.05x faster wins over the fallback
+    r = _measured(10.0, suffix=9.0, planned=9.9)
+    assert r["label"] == "suffix -> llamacpp" and r["k"] == 2

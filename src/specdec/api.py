@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 from specdec.decoding import Generation, GenerationResult, RoundEvent, generate_stream
 from specdec.detokenize import IncrementalDecoder
 from specdec.drafters.base import Drafter
+from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig
@@ -28,6 +29,7 @@ from specdec.pairs import (
     DEFAULT_DRAFT_BACKEND,
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
+    PLANNED_K,
     is_model_free,
     is_planned,
     load_pair,
@@ -222,7 +224,8 @@ class Pair:
         if k is None and self.auto is not None:
             policy = self.auto.policy()
         else:
-            k = 6 if k is None else k
+            if k is None:  # a planned drafter sizes its own drafts: K only caps them
+                k = PLANNED_K if isinstance(self.draft, PlannedSuffixDrafter) else 6
             policy = (
                 capped_adaptive_k(k, max_new_tokens, self.target.n_ctx)
                 if adaptive and k > 0

@@ -46,6 +46,7 @@ Loader = Callable[[ModelConfig], CausalLM]
 CostProvider = Callable[[ModelConfig, CausalLM], Costs]
 HYBRID_PREFIX = "hybrid:"
 PLANNED = "planned"
+PLANNED_K = 16  # the default cap on a planned draft (the planner picks the length below it)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 from specdec.drafters.suffix import parse_suffix_options
 from specdec.errors import ConfigError
 from specdec.models.loader import ModelConfig
-from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET, HYBRID_PREFIX, PLANNED
+from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET, HYBRID_PREFIX, PLANNED, PLANNED_K
 
 DEFAULT_N_CTX = 2048  # fits every Spec-Bench prompt (<= ~1,700 Qwen tokens) plus the output
 
@@ -151,7 +151,7 @@ def llamacpp_matrix(draft: str = DEFAULT_DRAFT, target: str = DEFAULT_TARGET) ->
     the suffix drafter, n-gram lookup, the draft model, and the hybrid of the two."""
     t = _mc(target, "llamacpp")
     return [
-        BenchConfig("planned->llamacpp", t, free=PLANNED, ks=(16,)),
+        BenchConfig("planned->llamacpp", t, free=PLANNED, ks=(PLANNED_K,)),
         BenchConfig("suffix->llamacpp", t, free="suffix"),
         BenchConfig("ngram3->llamacpp", t, ngram=NgramSpec()),
         BenchConfig("llamacpp->llamacpp", t, draft=_mc(draft, "llamacpp")),

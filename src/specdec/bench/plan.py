@@ -42,6 +42,10 @@ class BenchPlan:
     seed: int = 0
     chat: str = "auto"  # apply the target's chat template: auto (when it has one) | on | off
     stop_on_eos: bool = True
+    # every generation prefills its own prompt, as a user's request does (with reuse, the
+    # runs after the first on a prompt would skip the target's prefill and their TTFT and
+    # end-to-end time would not compare)
+    reuse_prefix: bool = False
     profile_repeats: int = 3
     verify_max: int = 16
     profile_context_tokens: int = 100
@@ -83,6 +87,7 @@ class BenchPlan:
             "seed": self.seed,
             "chat": self.chat,
             "stop_on_eos": self.stop_on_eos,
+            "reuse_prefix": self.reuse_prefix,
             "profile_repeats": self.profile_repeats,
             "verify_max": self.verify_max,
             "profile_context_tokens": self.profile_context_tokens,

@@ -66,7 +66,7 @@ def _now() -> str:
 
 # Plan fields that must agree between a file and a resumed run (they change what a
 # measurement with a given key means).
-_COMPAT_FIELDS = ("max_new_tokens", "stop_on_eos", "chat", "seed")
+_COMPAT_FIELDS = ("max_new_tokens", "stop_on_eos", "chat", "seed", "reuse_prefix")
 
 
 def check_resume_compatible(plan: BenchPlan, existing: Results) -> None:
@@ -310,6 +310,7 @@ class _Runner:
                     sampling=MODES[m.mode],
                     seed=m.seed,
                     stop_on_eos=self.plan.stop_on_eos,
+                    reuse_prefix=self.plan.reuse_prefix,
                 )
                 pkey = (m.config, m.mode, m.prompt.id, m.repeat)
                 rec = measurement_record(

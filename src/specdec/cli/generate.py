@@ -24,7 +24,7 @@ from specdec.decoding import GenerationResult, generate_stream
 from specdec.detokenize import IncrementalDecoder
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
-from specdec.pairs import DEFAULT_DRAFT, is_model_free, is_planned, load_pair
+from specdec.pairs import DEFAULT_DRAFT, PLANNED_K, is_model_free, is_planned, load_pair
 from specdec.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.prompting import encode_request, read_messages
 from specdec.stops import StopMatcher, check_stops, cut_at_stop
@@ -190,8 +190,8 @@ def run(args: argparse.Namespace) -> int:
     machine_default = not args.auto and args.draft is None and args.k is None and not args.adaptive
     if args.draft is None:
         args.draft = DEFAULT_DRAFT
-    if args.k is None:
-        args.k = DEFAULT_K
+    if args.k is None:  # a planned drafter sizes its own drafts: K only caps them
+        args.k = PLANNED_K if is_planned(args.draft) else DEFAULT_K
     sampling_config(args)  # validate before loading anything
     check_stops(args.stop)
     if prompt is not None and not prompt.strip():

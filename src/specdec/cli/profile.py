@@ -45,7 +45,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-prompts", type=int, default=1, help="probe prompts per category (1)")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens per probe run (32)")
     p.add_argument("--chat", choices=("auto", "on", "off"), default="auto")
-    p.add_argument("--check-top", type=int, default=3, help="real runs of the top N (3)")
+    p.add_argument(
+        "--check-top",
+        type=int,
+        default=2,
+        help="real runs of the top N predictions (2), besides plain decoding and planned",
+    )
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--refresh", action="store_true", help="measure again even if cached")
@@ -90,7 +95,7 @@ def _fmt(x: float, spec: str = ".2f") -> str:
 
 def render(result: Any) -> str:
     """The ranked table, the checks and the recommendation, as text."""
-    from specdec.profiler.decide import DEFAULT_MARGIN
+    from specdec.profiler.decide import DEFAULT_MARGIN, FALLBACK_MARGIN
 
     prompt = round(sum(result.prompt_tokens) / len(result.prompt_tokens))
     rec = result.rank_for(prompt, result.spec["n_new"])
@@ -126,8 +131,9 @@ def render(result: Any) -> str:
         "",
         f"recommendation: {r['label']}" + (f", K={r['k']}" if r["k"] else ""),
         f"  {rec.reason if same else r['reason']}",
-        f"  (speculation is chosen only when measured {DEFAULT_MARGIN:.2f}x faster end to end "
-        "than the fastest plain decoder)",
+        f"  (speculation is chosen when measured {DEFAULT_MARGIN:.2f}x faster end to end than "
+        "the fastest plain decoder; else the planned suffix drafter, which falls back to plain "
+        f"steps by itself, unless it measured below {FALLBACK_MARGIN:.2f}x of it)",
     ]
     return "\n".join(lines)
 

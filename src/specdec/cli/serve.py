@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from specdec.cli import command_help
 from specdec.cli.common import add_model_args, check_common, model_configs, quiet_libraries
 from specdec.errors import ConfigError
-from specdec.pairs import DEFAULT_DRAFT, is_planned, load_pair, release
+from specdec.pairs import DEFAULT_DRAFT, PLANNED_K, is_planned, load_pair, release
 
 if TYPE_CHECKING:
     from specdec.api import Pair
@@ -102,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.draft is None:
         args.draft = DEFAULT_DRAFT
-    if args.k is None:
-        args.k = 6
+    if args.k is None:  # a planned drafter sizes its own drafts: K only caps them
+        args.k = PLANNED_K if is_planned(args.draft) else 6
     try:
         import uvicorn
 

@@ -14,11 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.pairs import is_planned
+from specdec.pairs import PLANNED_K, is_planned
 from specdec.policy import FixedK, KPolicy, ProfileK
 from specdec.profiler.decide import Candidate
 from specdec.profiler.run import (
-    PLANNED_K,
     ProfileResult,
     ProfileSpec,
     cached_profile,

@@ -21,6 +21,9 @@ from specdec.profiler.predict import Costs, Prediction
 # plain decoder before it is recommended: the cost measurements move by a few percent
 # between runs on a shared machine.
 DEFAULT_MARGIN = 1.05
+# The planned suffix drafter (which falls back to plain steps by itself where drafting does
+# not pay) is recommended over plain decoding unless it measured below this fraction of it.
+FALLBACK_MARGIN = 0.97
 
 
 @dataclass(frozen=True)

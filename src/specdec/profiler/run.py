@@ -29,13 +29,21 @@ from specdec.models.vocab import check_same_vocabulary
 from specdec.pairs import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
+    PLANNED_K,
     is_model_free,
     is_planned,
     parse_drafter,
     release,
 )
 from specdec.profiler import cache
-from specdec.profiler.decide import DEFAULT_MARGIN, Candidate, Recommendation, Scored, rank
+from specdec.profiler.decide import (
+    DEFAULT_MARGIN,
+    FALLBACK_MARGIN,
+    Candidate,
+    Recommendation,
+    Scored,
+    rank,
+)
 from specdec.profiler.measure import (
     greedy_continuation,
     model_draft_probe,
@@ -50,7 +58,6 @@ from specdec.prompting import encode_prompt
 from specdec.theory import Costs
 
 Log = Callable[[str], None]
-PLANNED_K = 16  # the cap on a planned suffix draft (the planner picks the length below it)
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ class ProfileSpec:
     n_new: int = 32  # tokens per probe continuation
     k_model: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8)
     k_free: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
-    check_top: int = 3  # real runs of the top predicted configurations
+    check_top: int = 2  # real runs of the top predicted configurations (+ plain, + planned)
     chat: bool = True
     n_ctx: int = 4096
     n_threads: int | None = None
@@ -359,6 +366,9 @@ def _check(
             break
         if s is not rec.plain:
             chosen.append(s)
+    # the planned drafter is the fallback candidate of the recommendation: always measured
+    planned = [s for s in rec.ranked if is_planned(s.candidate.drafter) and s not in chosen]
+    chosen += planned[:1]
 
     # Per backend and prompt the target prefills once (timed) and every checked configuration
     # then decodes from that cache (reuse_prefix), in an order rotated per prompt so slow drift
@@ -407,25 +417,46 @@ def _check(
 
 
 def _recommend(rec: Recommendation, checks: Sequence[Check]) -> dict[str, Any]:
-    """The fastest measured of the checked configurations (the plain decoder unless a
-    speculative one measured ``DEFAULT_MARGIN`` faster end to end), with the reason."""
+    """The recommendation from the measured checks, with its reason:
+
+    1. the fastest checked speculative configuration that measured at least
+       ``DEFAULT_MARGIN`` (1.05x) faster end to end than the fastest plain decoder;
+    2. else the planned suffix drafter when it measured at least ``FALLBACK_MARGIN`` (0.97x)
+       of the plain decoder: it cuts its drafts to what the measured verify cost pays for,
+       so on text without repeats it runs as plain decoding and on repeated text (copies,
+       edits, quoted documents, which the probe prompts may lack) it gains;
+    3. else the plain decoder.
+    """
     by_label = {(c.config, c.k): c for c in checks}
     plain_check = by_label.get((rec.plain.candidate.label, rec.plain.k))
+    plain_e2e = plain_check.measured_e2e_s if plain_check else math.inf
     best: Scored = rec.plain
-    best_e2e = plain_check.measured_e2e_s if plain_check else math.inf
+    best_e2e = plain_e2e
+    fallback: tuple[Scored, float] | None = None
     for s in rec.ranked:
         ch = by_label.get((s.candidate.label, s.k))
         if ch is None or s is rec.plain:
             continue
-        if (
-            ch.measured_e2e_s * DEFAULT_MARGIN
-            <= (plain_check.measured_e2e_s if plain_check else math.inf)
-            and ch.measured_e2e_s < best_e2e
-        ):
+        if ch.measured_e2e_s * DEFAULT_MARGIN <= plain_e2e and ch.measured_e2e_s < best_e2e:
             best, best_e2e = s, ch.measured_e2e_s
+        if (
+            is_planned(s.candidate.drafter)
+            and ch.measured_e2e_s * FALLBACK_MARGIN <= plain_e2e
+            and (fallback is None or ch.measured_e2e_s < fallback[1])
+        ):
+            fallback = (s, ch.measured_e2e_s)
     reason = rec.reason
-    if best is not rec.best:
-        plain_e2e = plain_check.measured_e2e_s if plain_check else math.nan
+    if best is rec.plain and fallback is not None:
+        best, best_e2e = fallback
+        reason = (
+            f"{best.candidate.label}: measured {plain_e2e / best_e2e:.2f}x end to end over "
+            f"{rec.plain.candidate.label} on the probe prompts ({best_e2e:.1f} s vs "
+            f"{plain_e2e:.1f} s), within {1 / FALLBACK_MARGIN - 1:.0%} of it, and it drafts "
+            "only where the text repeats and the verify cost pays, so it falls back to plain "
+            "steps elsewhere (chosen over plain decoding unless it measured below "
+            f"{FALLBACK_MARGIN:.2f}x). Prediction: " + reason
+        )
+    elif best is not rec.best:
         if best is rec.plain:
             reason = (
                 f"measured: {best.candidate.label} was fastest of the checked configurations "
