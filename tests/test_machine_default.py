@@ -29,6 +29,7 @@ def test_without_a_profile_generate_runs_the_planned_drafter(
     assert "default: planned -> mock" in out.err
     assert "measuring the target's verify cost" in out.err  # once ...
     spec = json.loads(out.out)
+    assert spec["configuration"]["label"] == "planned -> mock" and spec["configuration"]["k"] == 16
     assert main(["generate", *MOCK, "-n", "12", "-k", "0", "abc abc abc abc"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert spec["n_tokens"] == 12 and spec["text"] == plain["text"]  # greedy: the same text

@@ -287,6 +287,8 @@ def run(args: argparse.Namespace) -> int:
         out = res.to_dict()
         out["text"] = cut_at_stop(target.tokenizer.decode(res.tokens), args.stop or ())
         out["load_seconds"] = t_load
+        if auto is not None:  # what the default / --auto chose, and why
+            out["configuration"] = {"label": auto.label, "k": args.k, "reason": auto.reason}
         print(json.dumps(json_ready(out), allow_nan=False))
     else:
         print(stats_line(res), file=sys.stderr)
