@@ -1,0 +1,13 @@
+"""Measure and certify speculative decoding in a running OpenAI-compatible server.
+
+``client``   one endpoint: streaming requests with per-request timing, retries, a rate bound
+``counters`` speculative counters from response bodies and Prometheus /metrics text
+``pairing``  spec-on / spec-off: one server with a per-request switch, or two servers
+``bench``    spec-on vs spec-off over a concurrency sweep, JSONL results with resume
+``report``   markdown and a plot from a results file
+``certify``  greedy agreement and sampled two-sample tests, with stated power
+``cli``      the ``--endpoint`` options of ``specdec bench`` and ``specdec certify``
+
+Nothing is sent anywhere but the URLs given (the HTTP client ignores proxy settings from the
+environment).
+"""
