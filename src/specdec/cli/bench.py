@@ -12,8 +12,8 @@ from specdec.bench.configs import check_unique_labels, parse_config
 from specdec.bench.plan import CHAT_CHOICES, MODES, BenchPlan, full_plan, measurements, quick_plan
 from specdec.bench.prompts import select_prompts
 from specdec.cli import command_help
-from specdec.endpoint.cli import add_bench_args as add_endpoint_args
-from specdec.endpoint.cli import run_bench as run_endpoint_bench
+from specdec.cli.endpoint import add_bench_args as add_endpoint_args
+from specdec.cli.endpoint import run_bench as run_endpoint_bench
 from specdec.errors import ConfigError
 
 DEFAULT_OUT = "runs/bench.jsonl"

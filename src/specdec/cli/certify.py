@@ -9,8 +9,8 @@ from pathlib import Path
 
 from specdec.cli import command_help
 from specdec.cli.common import add_model_args, model_configs, quiet_libraries
-from specdec.endpoint.cli import add_certify_args as add_endpoint_args
-from specdec.endpoint.cli import run_certify as run_endpoint_certify
+from specdec.cli.endpoint import add_certify_args as add_endpoint_args
+from specdec.cli.endpoint import run_certify as run_endpoint_certify
 
 # specdec.certify.faults.ALL_FAULTS (not imported here: it pulls in torch at CLI start-up;
 # a test checks that the two agree)

@@ -6,7 +6,8 @@
 ``bench``    spec-on vs spec-off over a concurrency sweep, JSONL results with resume
 ``report``   markdown and a plot from a results file
 ``certify``  greedy agreement and sampled two-sample tests, with stated power
-``cli``      the ``--endpoint`` options of ``specdec bench`` and ``specdec certify``
+(the ``--endpoint`` options of ``specdec bench`` and ``specdec certify`` live in
+``specdec.cli.endpoint``)
 
 Nothing is sent anywhere but the URLs given (the HTTP client ignores proxy settings from the
 environment).
