@@ -374,3 +374,31 @@ def test_certify_fails_against_a_proxy_that_swaps_tokens(
     assert cert["verdict"] == "FAIL"
     assert any(t["rejected"] for t in cert["sampled_tests"])
     assert all(c["status"] == "identical" for c in cert["greedy"])  # greedy is untouched
+
+
+def test_a_group_measured_again_after_a_crash_replaces_the_partial_one() -> None:
+    from specdec.endpoint.report import complete_requests
+
+    def req(slot: int, e2e: float) -> dict[str, Any]:
+        return {
+            "type": "endpoint_request",
+            "mode": "greedy",
+            "concurrency": 2,
+            "repeat": 0,
+            "group": 0,
+            "side": "on",
+            "slot": slot,
+            "e2e_s": e2e,
+        }
+
+    group = {
+        "type": "endpoint_group",
+        "mode": "greedy",
+        "concurrency": 2,
+        "repeat": 0,
+        "group": 0,
+        "side": "on",
+    }
+    # a crash after slot 0 of the first attempt; the resumed run measures both slots again
+    recs = [req(0, 9.0), req(0, 1.0), req(1, 2.0), group, req(0, 5.0)]  # last: unfinished
+    assert sorted(r["e2e_s"] for r in complete_requests(recs)) == [1.0, 2.0]

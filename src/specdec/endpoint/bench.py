@@ -31,7 +31,13 @@ from specdec.bench.prompts import Prompt
 from specdec.bench.results import ResultsWriter, open_for_append
 from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.counters import has_known_series, metrics_counters
-from specdec.endpoint.pairing import Sides, SwitchCheck, check_off_reply, probe_switch
+from specdec.endpoint.pairing import (
+    Sides,
+    SwitchCheck,
+    check_off_reply,
+    open_clients,
+    probe_switch,
+)
 from specdec.errors import ConfigError
 
 SCHEMA = "specdec-endpoint-bench/1"
@@ -215,10 +221,8 @@ async def run_endpoint_bench(
 ) -> BenchOutcome:
     """Run the plan against the two sides, appending to ``out``."""
     outcome = BenchOutcome()
-    async with (
-        EndpointClient(sides.on, rng=seed_rng) as on,
-        EndpointClient(sides.off, rng=seed_rng) as off,
-    ):
+    on, off = open_clients(sides, seed_rng)
+    async with on, off:
         model_on = await on.resolve_model()
         model_off = await off.resolve_model()
         check: SwitchCheck = await probe_switch(on, off, sides.switch)

@@ -40,7 +40,7 @@ import numpy as np
 
 from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.errors import EndpointError
-from specdec.endpoint.pairing import Sides, check_off_reply, probe_switch
+from specdec.endpoint.pairing import Sides, check_off_reply, open_clients, probe_switch
 from specdec.errors import ConfigError
 from specdec.stats import (
     ChiSquareResult,
@@ -454,10 +454,8 @@ async def run_endpoint_certify(
     notes: list[str] = []
     drafted: list[int] = []
     accepted: list[int] = []
-    async with (
-        EndpointClient(sides.on, rng=jitter) as on,
-        EndpointClient(sides.off, rng=jitter) as off,
-    ):
+    on, off = open_clients(sides, jitter)
+    async with on, off:
         model = await on.resolve_model()
         await off.resolve_model()
         check = await probe_switch(on, off, sides.switch)

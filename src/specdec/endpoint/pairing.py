@@ -9,12 +9,13 @@ no counters cannot be checked and needs a second URL (a server without speculati
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from specdec.endpoint.client import EndpointClient, EndpointConfig, Reply, Request
+from specdec.endpoint.client import EndpointClient, EndpointConfig, RateLimiter, Reply, Request
 from specdec.endpoint.counters import SpecCounters
 from specdec.endpoint.errors import EndpointError
 
@@ -110,3 +111,12 @@ def check_off_reply(reply: Reply, sides: Sides) -> None:
             f"{sides.on.url} drafted {reply.counters.drafted} tokens in a request with "
             "speculative.n_max = 0: the switch does not hold; pass --endpoint-off"
         )
+
+
+def open_clients(sides: Sides, rng: random.Random) -> tuple[EndpointClient, EndpointClient]:
+    """Clients for the two sides sharing one rate bound (``max_rps`` counts both sides)."""
+    limiter = RateLimiter(sides.on.max_rps)
+    return (
+        EndpointClient(sides.on, rng=rng, limiter=limiter),
+        EndpointClient(sides.off, rng=rng, limiter=limiter),
+    )
