@@ -108,8 +108,8 @@ def test_first_difference_statistics_and_the_swap_fault() -> None:
     assert first_difference("abc", "abd") == 2
     assert first_difference("ab", "abc") == 2
     s = statistics_of("  The cat sat down")
-    assert (s["word 1"], s["word 2"], s["word 3"]) == ("The", "cat", "sat")
-    assert statistics_of("x")["word 2"] == "<none>"
+    assert (s["piece 1"], s["piece 2"], s["piece 3"]) == ("The", "cat", "sat")
+    assert statistics_of("x")["piece 2"] == "<none>"
     assert swap_first_two("<1><2><3>") == "<2><1><3>"
     assert swap_first_two(" The cat sat") == " cat The sat"
 

@@ -14,7 +14,8 @@ per-request switch, or two servers):
    disjoint, so the two samples are independent). The unit is one request: tokens within a
    completion are dependent, completions are not, so the null of the test holds whatever the
    dependence inside a sequence. Fixed statistics of each completion (its first, second
-   and third words and its whole text) are compared by a chi-square test of homogeneity per
+   and third pieces, a piece being a word or one other non-space character, and its whole
+   text) are compared by a chi-square test of homogeneity per
    prompt (rare values pooled by column totals), summed over prompts, Holm over the four
    statistics at family-wise ``alpha``. Power: the smallest TV (on the pooled categories,
    present in every prompt) each statistic detects with 80 % probability, analytically and
@@ -43,25 +44,27 @@ from specdec.endpoint.errors import EndpointError
 from specdec.endpoint.pairing import Sides, check_off_reply, open_clients, probe_switch
 from specdec.errors import ConfigError
 from specdec.stats import (
+    MIN_EXPECTED,
     ChiSquareResult,
     chisquare_homogeneity,
     combine_chisquare,
     hardest_alternative,
     holm_adjust,
     min_detectable_tv_combined,
+    pool_rare,
 )
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 VERDICT = {PASS: "PASS", WARN: "PASS WITH CAVEATS", FAIL: "FAIL"}
-STATISTICS = ("word 1", "word 2", "word 3", "text")
+STATISTICS = ("piece 1", "piece 2", "piece 3", "text")
 NONE = "<none>"
-_WORD = re.compile(r"\S+")
+_PIECE = re.compile(r"\w+|[^\w\s]")  # a word, or one other non-space character
 
 LIMITS = (
     "The reference is the spec-off side, not the model: a fault shared by both sides (the "
     "same wrong sampler, a wrong model file) is invisible here.",
     "Only the text the server returns is tested: the sampled tests see four statistics of "
-    "short completions (words 1-3 and the whole text); a difference confined to later "
+    "short completions (pieces 1-3 and the whole text); a difference confined to later "
     "tokens or to rare tokens pooled into one category is not seen, and the stated power is "
     "for differences on the pooled categories.",
     "Logprobs, where a server returns them, are its top-N rows only (OpenAI's API allows at "
@@ -231,12 +234,12 @@ def compare_greedy(prompt: str, on: Reply, off: Reply, tie_gap: float) -> Greedy
 
 def statistics_of(text: str) -> dict[str, str]:
     """The tested statistics of one completion (fixed before any data are seen)."""
-    words = _WORD.findall(text)
+    pieces = _PIECE.findall(text)
 
-    def word(i: int) -> str:
-        return words[i] if len(words) > i else NONE
+    def piece(i: int) -> str:
+        return pieces[i] if len(pieces) > i else NONE
 
-    return {"word 1": word(0), "word 2": word(1), "word 3": word(2), "text": text}
+    return {"piece 1": piece(0), "piece 2": piece(1), "piece 3": piece(2), "text": text}
 
 
 def _table(on: Sequence[str], off: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -278,12 +281,17 @@ def simulate_power(
     rng: np.random.Generator,
 ) -> float:
     """P(reject at ``level``) when, in every prompt, the spec-on side is the hardest
-    alternative at ``tv`` from the observed pooled frequencies (spec-off: those frequencies)."""
+    alternative at ``tv`` from the observed frequencies of the categories the test pools to
+    (spec-off: those frequencies): the TV is on the pooled categories, as stated."""
     if not math.isfinite(tv) or trials < 1:
         return math.nan
     setups = []
     for a, b in tables:
-        p = (a + b) / (a + b).sum()
+        na, nb = float(a.sum()), float(b.sum())
+        # the categories the test itself pools to (column totals, as chisquare_homogeneity)
+        labels = pool_rare((a + b) * min(na, nb) / (na + nb), MIN_EXPECTED)
+        grouped = np.bincount(labels, weights=a + b)
+        p = grouped / grouped.sum()
         try:
             alt = hardest_alternative(p, tv)
         except ValueError:
