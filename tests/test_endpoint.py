@@ -402,3 +402,13 @@ def test_a_group_measured_again_after_a_crash_replaces_the_partial_one() -> None
     # a crash after slot 0 of the first attempt; the resumed run measures both slots again
     recs = [req(0, 9.0), req(0, 1.0), req(1, 2.0), group, req(0, 5.0)]  # last: unfinished
     assert sorted(r["e2e_s"] for r in complete_requests(recs)) == [1.0, 2.0]
+
+
+def test_the_power_check_shift_has_the_stated_tv_also_with_a_dominant_category() -> None:
+    from specdec.endpoint.certify import shift_alternative
+
+    for p in (np.array([0.25, 0.25, 0.25, 0.25]), np.array([0.8, 0.1, 0.06, 0.04])):
+        alt = shift_alternative(p, 0.15)
+        assert alt is not None
+        assert 0.5 * np.abs(alt - p).sum() == pytest.approx(0.15)
+    assert shift_alternative(np.array([0.5, 0.5]), 0.6) is None

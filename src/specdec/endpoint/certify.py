@@ -48,7 +48,6 @@ from specdec.stats import (
     ChiSquareResult,
     chisquare_homogeneity,
     combine_chisquare,
-    hardest_alternative,
     holm_adjust,
     min_detectable_tv_combined,
     pool_rare,
@@ -264,13 +263,34 @@ class StatisticTest:
     rejected: bool
     per_prompt: tuple[dict[str, Any], ...]
     min_detectable_tv: float  # analytic, at alpha / m and the plan's power
-    simulated_power: float  # at that TV, hardest alternative on the observed frequencies
+    simulated_power: float  # at that TV, shift_alternative on the observed frequencies
 
 
 def _combined(tables: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, int, float]:
     res = [chisquare_homogeneity(a, b) for a, b in tables]
     c = combine_chisquare(res)
     return c.statistic, c.dof, c.pvalue
+
+
+def shift_alternative(p: np.ndarray, tv: float) -> np.ndarray | None:
+    """A distribution at TV ``tv`` from p [G]: mass moved in proportion to p from the larger
+    half (by probability) of the categories to the smaller one, the shape of
+    ``stats.hardest_alternative`` (its chi-square divergence tv^2 (1/m_a + 1/m_b) is the
+    smallest of this form, and 4 tv^2 when the halves weigh 0.5 each); None when the larger
+    half holds less than tv. Unlike ``hardest_alternative`` it accepts a small half lighter
+    than tv (a dominant category), which is common after pooling."""
+    p = np.asarray(p, dtype=np.float64)
+    p = p / p.sum()
+    order = np.argsort(p, kind="stable")
+    small = np.zeros(p.shape[0], dtype=bool)
+    small[order[np.cumsum(p[order]) <= 0.5]] = True
+    if not small.any():
+        small[order[0]] = True
+    m_small, m_large = float(p[small].sum()), float(p[~small].sum())
+    if m_small <= 0 or tv > m_large:
+        return None
+    out = np.where(small, p * (1 + tv / m_small), p * (1 - tv / m_large))
+    return out / out.sum()
 
 
 def simulate_power(
@@ -280,8 +300,8 @@ def simulate_power(
     trials: int,
     rng: np.random.Generator,
 ) -> float:
-    """P(reject at ``level``) when, in every prompt, the spec-on side is the hardest
-    alternative at ``tv`` from the observed frequencies of the categories the test pools to
+    """P(reject at ``level``) when, in every prompt, the spec-on side is ``shift_alternative``
+    at ``tv`` from the observed frequencies of the categories the test pools to
     (spec-off: those frequencies): the TV is on the pooled categories, as stated."""
     if not math.isfinite(tv) or trials < 1:
         return math.nan
@@ -292,9 +312,8 @@ def simulate_power(
         labels = pool_rare((a + b) * min(na, nb) / (na + nb), MIN_EXPECTED)
         grouped = np.bincount(labels, weights=a + b)
         p = grouped / grouped.sum()
-        try:
-            alt = hardest_alternative(p, tv)
-        except ValueError:
+        alt = shift_alternative(p, tv)
+        if alt is None:
             return math.nan
         setups.append((int(a.sum()), int(b.sum()), alt, p))
     hits = 0
@@ -645,8 +664,11 @@ def render_markdown(cert: EndpointCertificate) -> str:
             "'Detects TV': the smallest total-variation distance on the pooled categories, "
             "present in every prompt, that the statistic's test finds with 80 % probability "
             "at alpha / 4 (analytic, noncentral chi-square); 'simulated power' re-checks it "
-            f"with {p['power_trials']} seeded simulations of the hardest alternative on the "
-            "observed frequencies."
+            f"with {p['power_trials']} seeded simulations of the very test, the spec-on side "
+            "moved by that TV in proportion from the heavier to the lighter half of the "
+            "observed pooled frequencies (the least detectable shape when the halves weigh "
+            "the same; with a dominant category easier, so the check is optimistic there; "
+            "n/a when no such shift exists)."
         )
     out += ["", "## What this cannot show", ""]
     out += [f"- {limit}" for limit in LIMITS]

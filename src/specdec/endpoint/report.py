@@ -187,7 +187,8 @@ def render(records: Sequence[dict[str, Any]], plot_name: str | None = None) -> s
         stop = stops_paying(levels, mode)
         lines.append("")
         lines.append(
-            f"Speculation stops paying at {stop} concurrent clients (throughput on/off < 1)."
+            f"Speculation stops paying at {stop} concurrent client{'s' * (stop > 1)} (throughput "
+            "on/off < 1)."
             if stop is not None
             else "Speculation paid (throughput on/off >= 1) at every concurrency measured."
         )
