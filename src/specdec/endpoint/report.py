@@ -197,7 +197,10 @@ def render(records: Sequence[dict[str, Any]], plot_name: str | None = None) -> s
         lines += [f"![throughput and speedup by concurrency]({plot_name})", ""]
     lines.append(
         "Decode tok/s counts tokens after the first one; where a server reports no token "
-        "count, streamed chunks are counted (one per token on llama.cpp servers). Acceptance "
+        "count, streamed chunks are counted (one per token on llama.cpp servers). A server "
+        "that streams several tokens per chunk (specdec serve: one chunk per verification "
+        "round) puts several in the first one, which inflates decode tok/s of short "
+        "generations; TTFT, e2e and throughput are not affected. Acceptance "
         "is accepted / drafted draft tokens as the server reported them (per response, or "
         "from /metrics around each group)."
     )
