@@ -412,3 +412,10 @@ def test_the_power_check_shift_has_the_stated_tv_also_with_a_dominant_category()
         assert alt is not None
         assert 0.5 * np.abs(alt - p).sum() == pytest.approx(0.15)
     assert shift_alternative(np.array([0.5, 0.5]), 0.6) is None
+
+
+def test_endpoint_off_alone_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    for cmd in ("bench", "certify"):
+        rc, _, err = run_cli([cmd, "--endpoint-off", "http://127.0.0.1:9"], capsys)
+        assert rc == 2
+        one_line_error(err, "--endpoint-off needs --endpoint")

@@ -196,7 +196,7 @@ def print_plan(plan: BenchPlan) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.endpoint:  # a running server instead of local models (docs/endpoint.md)
+    if args.endpoint or args.endpoint_off:  # a running server (docs/endpoint.md)
         return run_endpoint_bench(args)
     from specdec.bench.runner import run_bench
     from specdec.cli.common import check_common, quiet_libraries

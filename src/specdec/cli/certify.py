@@ -177,7 +177,7 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.endpoint:  # a running server instead of local models (docs/endpoint.md)
+    if args.endpoint or args.endpoint_off:  # a running server (docs/endpoint.md)
         return run_endpoint_certify(args)
     from specdec.certify.common import FAIL
     from specdec.certify.plan import make_plan, parse_levels

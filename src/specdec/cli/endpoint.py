@@ -121,9 +121,11 @@ def add_certify_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _need_httpx() -> None:
+def _precheck(args: argparse.Namespace) -> None:
     from specdec.errors import ConfigError
 
+    if not args.endpoint:
+        raise ConfigError("--endpoint-off needs --endpoint (the spec-on server)")
     try:
         import httpx  # noqa: F401
     except ImportError as e:
@@ -157,7 +159,7 @@ def _refuse(args: argparse.Namespace, flags: dict[str, Any]) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     """``specdec bench --endpoint``."""
-    _need_httpx()
+    _precheck(args)
     import asyncio
     import random
 
@@ -268,7 +270,7 @@ def _certify_command(args: argparse.Namespace) -> str:
 
 def run_certify(args: argparse.Namespace) -> int:
     """``specdec certify --endpoint``: exit 0 for PASS (with or without caveats), 1 for FAIL."""
-    _need_httpx()
+    _precheck(args)
     import asyncio
     from pathlib import Path
 
