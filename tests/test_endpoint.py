@@ -419,3 +419,30 @@ def test_endpoint_off_alone_is_an_error(capsys: pytest.CaptureFixture[str]) -> N
         rc, _, err = run_cli([cmd, "--endpoint-off", "http://127.0.0.1:9"], capsys)
         assert rc == 2
         one_line_error(err, "--endpoint-off needs --endpoint")
+
+
+def test_a_server_that_wants_a_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pair = mock_serve_pair(draft="identical", vocab=64)
+    with running_server(pair, k=2, api_key="sekret") as base:
+        rc, _, err = run_cli(["bench", "--endpoint", base, "--out", str(tmp_path / "a")], capsys)
+        assert rc == 2
+        one_line_error(err, "HTTP 401", "--api-key")
+        out = tmp_path / "b.jsonl"
+        argv = ["bench", "--endpoint", base, "--api-key", "sekret", "--prompts"]
+        prompts = tmp_path / "p.txt"
+        prompts.write_text("hi\n")
+        rc, _, err = run_cli(
+            [
+                *argv,
+                str(prompts),
+                "--concurrency",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--out",
+                str(out),
+                "--no-progress",
+            ],
+            capsys,
+        )
+        assert rc == 0, err
