@@ -446,3 +446,42 @@ def test_a_server_that_wants_a_key(tmp_path: Path, capsys: pytest.CaptureFixture
             capsys,
         )
         assert rc == 0, err
+
+
+def test_a_server_that_hangs_times_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HttpRequest
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def models(_: HttpRequest) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "slow"}]})
+
+    async def hang(_: HttpRequest) -> JSONResponse:
+        await asyncio.sleep(3)
+        return JSONResponse({})
+
+    app = Starlette(
+        routes=[
+            Route("/v1/models", models),
+            Route("/v1/chat/completions", hang, methods=["POST"]),
+        ]
+    )
+    with running_app(app) as base:
+        t0 = time.monotonic()
+        rc, _, err = run_cli(
+            [
+                "bench",
+                "--endpoint",
+                base,
+                "--timeout",
+                "0.3",
+                "--retries",
+                "0",
+                "--out",
+                str(tmp_path / "t.jsonl"),
+            ],
+            capsys,
+        )
+        assert rc == 2 and time.monotonic() - t0 < 3  # before the server's own 3 s
+    one_line_error(err, "sent nothing for 0.3 s (timeout)", "after 1 attempt")
