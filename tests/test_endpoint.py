@@ -485,3 +485,12 @@ def test_a_server_that_hangs_times_out(tmp_path: Path, capsys: pytest.CaptureFix
         )
         assert rc == 2 and time.monotonic() - t0 < 3  # before the server's own 3 s
     one_line_error(err, "sent nothing for 0.3 s (timeout)", "after 1 attempt")
+
+
+def test_dry_run_prints_the_plan_without_sending_anything(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    rc, out, _ = run_cli(["bench", "--endpoint", dead, "--quick", "--dry-run"], capsys)
+    assert rc == 0
+    assert "speculative.n_max = 0" in out and "prompts: 3; concurrency 1, 2" in out
