@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.endpoint.report import is_endpoint_results
+    from specdec.endpoint.records import is_endpoint_results
 
     if is_endpoint_results(args.results):  # from `specdec bench --endpoint`
         from specdec.endpoint.report import write_report as write_endpoint_report

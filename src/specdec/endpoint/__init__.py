@@ -4,6 +4,7 @@
 ``counters`` speculative counters from response bodies and Prometheus /metrics text
 ``pairing``  spec-on / spec-off: one server with a per-request switch, or two servers
 ``bench``    spec-on vs spec-off over a concurrency sweep, JSONL results with resume
+``records``  reading a results file back (no HTTP client needed)
 ``report``   markdown and a plot from a results file
 ``certify``  greedy agreement and sampled two-sample tests, with stated power
 (the ``--endpoint`` options of ``specdec bench`` and ``specdec certify`` live in

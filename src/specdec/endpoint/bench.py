@@ -18,7 +18,6 @@ each group. ``--resume`` skips groups that have their closing record.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import time
@@ -38,12 +37,12 @@ from specdec.endpoint.pairing import (
     open_clients,
     probe_switch,
 )
+from specdec.endpoint.records import GroupKey, finished_groups, read_records
 from specdec.errors import ConfigError
 
 SCHEMA = "specdec-endpoint-bench/1"
 MODES = ("greedy", "sampled")
 SAMPLED_TEMPERATURE = 1.0
-GroupKey = tuple[str, int, int, int, str]  # (mode, concurrency, repeat, group, side)
 
 
 @dataclass(frozen=True)
@@ -104,38 +103,6 @@ class BenchOutcome:
     measured_groups: int = 0
     skipped_groups: int = 0
     notes: list[str] = field(default_factory=list)
-
-
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Every complete JSON object line of a results file (a partial last line is ignored)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError as e:
-        raise ConfigError(f"results file {p} not found") from e
-    out = []
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
-def group_key(rec: dict[str, Any]) -> GroupKey:
-    return (
-        str(rec["mode"]),
-        int(rec["concurrency"]),
-        int(rec["repeat"]),
-        int(rec["group"]),
-        str(rec["side"]),
-    )
-
-
-def finished_groups(records: Sequence[dict[str, Any]]) -> set[GroupKey]:
-    return {group_key(r) for r in records if r.get("type") == "endpoint_group"}
 
 
 def _check_resumable(records: Sequence[dict[str, Any]], header: dict[str, Any]) -> None:

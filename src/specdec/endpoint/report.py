@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdec.endpoint.bench import GroupKey, group_key, read_records
+from specdec.endpoint.records import GroupKey, group_key, read_records
 from specdec.errors import ConfigError
 
 Level = tuple[str, int]  # (mode, concurrency)
@@ -230,16 +230,6 @@ def plot(levels: Sequence[LevelSummary], path: Path) -> Path:
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=110)
     return path
-
-
-def is_endpoint_results(path: str | Path) -> bool:
-    """True when the file's first record is a ``specdec bench --endpoint`` header."""
-    try:
-        with Path(path).open(encoding="utf-8", errors="replace") as f:
-            first = f.readline()
-    except OSError:
-        return False
-    return '"type":"endpoint_header"' in first.replace(" ", "")
 
 
 def write_report(results: str | Path, out_dir: str | Path | None = None) -> Path:
