@@ -12,6 +12,8 @@ from specdec.bench.configs import MATRICES, check_unique_labels, parse_config
 from specdec.bench.plan import CHAT_CHOICES, MODES, BenchPlan, full_plan, measurements, quick_plan
 from specdec.bench.prompts import select_prompts
 from specdec.cli import command_help
+from specdec.cli.endpoint import add_bench_args as add_endpoint_args
+from specdec.cli.endpoint import run_bench as run_endpoint_bench
 from specdec.errors import ConfigError
 
 DEFAULT_OUT = "runs/bench.jsonl"
@@ -109,6 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--overwrite", action="store_true", help="replace an existing FILE")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_endpoint_args(p)
     p.set_defaults(func=run)
 
 
@@ -218,6 +221,8 @@ def print_plan(plan: BenchPlan) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.endpoint or args.endpoint_off:  # a running server (docs/endpoint.md)
+        return run_endpoint_bench(args)
     from specdec.bench.runner import run_bench
     from specdec.cli.common import check_common, quiet_libraries
 

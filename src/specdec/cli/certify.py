@@ -9,6 +9,8 @@ from pathlib import Path
 
 from specdec.cli import command_help
 from specdec.cli.common import add_model_args, model_configs, quiet_libraries
+from specdec.cli.endpoint import add_certify_args as add_endpoint_args
+from specdec.cli.endpoint import run_certify as run_endpoint_certify
 
 # specdec.certify.faults.ALL_FAULTS (not imported here: it pulls in torch at CLI start-up;
 # a test checks that the two agree)
@@ -137,6 +139,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "shape-dependent logit noise: must not FAIL); see docs/certify.md",
     )
     add_model_args(p)
+    add_endpoint_args(p)
     p.set_defaults(func=run)
 
 
@@ -174,6 +177,8 @@ def _command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.endpoint or args.endpoint_off:  # a running server (docs/endpoint.md)
+        return run_endpoint_certify(args)
     from specdec.certify.common import FAIL
     from specdec.certify.plan import make_plan, parse_levels
     from specdec.certify.runner import CertifyConfig, model_label, run_certificate

@@ -25,6 +25,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specdec.endpoint.records import is_endpoint_results
+
+    if is_endpoint_results(args.results):  # from `specdec bench --endpoint`
+        from specdec.endpoint.report import write_report as write_endpoint_report
+
+        print(f"report written to {write_endpoint_report(args.results, args.out)}")
+        return 0
     from specdec.bench.report import write_report
 
     md = write_report(args.results, args.out)

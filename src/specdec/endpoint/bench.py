@@ -1,0 +1,282 @@
+"""``specdec bench --endpoint``: spec-on vs spec-off on a running server, over a sweep of
+client concurrency.
+
+Design. For each mode (greedy, sampled), concurrency c and repeat, the prompts are cut into
+groups of c requests (wrapping around the prompt list so that every group is full). A group
+is sent to one side as c concurrent streamed requests, then the same c requests (same
+prompts, same seeds) to the other side; which side goes first alternates from group to group,
+so slow drift of the machine falls on both. Per request: time to first token, decode tokens/s
+(tokens after the first, per second after the first arrived), end-to-end latency and the
+draft counters when the server reports them; per group: its wall time (throughput), and the
+server's ``/metrics`` counters before and after it when it exposes known series.
+
+Results are JSON lines, appended and fsynced one record at a time (``bench.results``): a
+header per session, ``endpoint_request`` records and an ``endpoint_group`` record that closes
+each group. ``--resume`` skips groups that have their closing record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdec.bench.prompts import Prompt
+from specdec.bench.results import ResultsWriter, open_for_append
+from specdec.endpoint.client import EndpointClient, Reply, Request
+from specdec.endpoint.counters import has_known_series, metrics_counters
+from specdec.endpoint.pairing import (
+    Sides,
+    SwitchCheck,
+    check_off_reply,
+    open_clients,
+    probe_switch,
+)
+from specdec.endpoint.records import GroupKey, finished_groups, read_records
+from specdec.errors import ConfigError
+
+SCHEMA = "specdec-endpoint-bench/1"
+MODES = ("greedy", "sampled")
+SAMPLED_TEMPERATURE = 1.0
+
+
+@dataclass(frozen=True)
+class EndpointBenchPlan:
+    prompts: tuple[Prompt, ...]
+    concurrency: tuple[int, ...] = (1, 2, 4)
+    modes: tuple[str, ...] = ("greedy",)
+    max_new_tokens: int = 64
+    repeats: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise ConfigError("no prompts to send")
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise ConfigError(f"concurrency levels must be >= 1, got {self.concurrency}")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad or not self.modes:
+            raise ConfigError(f"modes must be among {', '.join(MODES)}, got {self.modes}")
+        if self.max_new_tokens < 1 or self.repeats < 1:
+            raise ConfigError("max-new-tokens and repeats must be >= 1")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "prompt_ids": [p.id for p in self.prompts],
+            "concurrency": list(self.concurrency),
+            "modes": list(self.modes),
+            "max_new_tokens": self.max_new_tokens,
+            "repeats": self.repeats,
+            "seed": self.seed,
+        }
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One request of a group: which prompt and which seed (the same on both sides)."""
+
+    index: int
+    prompt: Prompt
+    seed: int
+
+
+def groups(plan: EndpointBenchPlan, mode: str, c: int, repeat: int) -> list[list[Slot]]:
+    """The groups of c requests for one (mode, concurrency, repeat)."""
+    n = len(plan.prompts)
+    total = -(-max(n, c) // c) * c  # at least every prompt once, whole groups
+    rng = random.Random(f"{plan.seed}:{mode}:{c}:{repeat}")
+    slots = [Slot(i, plan.prompts[i % n], rng.randrange(2**31)) for i in range(total)]
+    return [slots[g : g + c] for g in range(0, total, c)]
+
+
+def first_side(group: int) -> str:
+    return "on" if group % 2 == 0 else "off"
+
+
+@dataclass
+class BenchOutcome:
+    measured_groups: int = 0
+    skipped_groups: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _check_resumable(records: Sequence[dict[str, Any]], header: dict[str, Any]) -> None:
+    old = [r for r in records if r.get("type") == "endpoint_header"]
+    if not old and records:
+        raise ConfigError("the results file is not from `specdec bench --endpoint`")
+    for h in old:
+        for key in ("plan", "endpoint_on", "endpoint_off", "switch", "model", "api"):
+            if h.get(key) != header.get(key):
+                raise ConfigError(
+                    f"cannot resume: the file was made with another {key} "
+                    f"({h.get(key)!r} vs {header.get(key)!r})"
+                )
+
+
+def request_record(
+    reply: Reply, *, key: GroupKey, slot: Slot, start_offset: float
+) -> dict[str, Any]:
+    mode, c, repeat, group, side = key
+    counters = reply.counters
+    return {
+        "type": "endpoint_request",
+        "mode": mode,
+        "concurrency": c,
+        "repeat": repeat,
+        "group": group,
+        "side": side,
+        "slot": slot.index,
+        "prompt_id": slot.prompt.id,
+        "category": slot.prompt.category,
+        "seed": slot.seed,
+        "start_offset_s": start_offset,
+        "ttft_s": reply.ttft_s,
+        "e2e_s": reply.e2e_s,
+        "decode_tps": reply.decode_tps,
+        "n_tokens": reply.n_tokens,
+        "tokens_source": reply.tokens_source,
+        "n_chunks": reply.n_chunks,
+        "finish_reason": reply.finish_reason,
+        "drafted": counters.drafted if counters else None,
+        "accepted": counters.accepted if counters else None,
+        "counter_source": counters.source if counters else None,
+        "attempts": reply.attempts,
+    }
+
+
+async def _run_group(
+    client: EndpointClient,
+    slots: Sequence[Slot],
+    mode: str,
+    max_tokens: int,
+) -> tuple[list[tuple[Reply, float]], float]:
+    """The group's requests at once: ([(reply, start offset)], wall seconds)."""
+    temperature = SAMPLED_TEMPERATURE if mode == "sampled" else 0.0
+    t0 = time.monotonic()
+
+    async def one(slot: Slot) -> tuple[Reply, float]:
+        offset = time.monotonic() - t0
+        req = Request(slot.prompt.text, max_tokens, temperature=temperature, seed=slot.seed)
+        return await client.generate(req), offset
+
+    tasks = [asyncio.create_task(one(s)) for s in slots]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:  # one failed: stop the others before the client closes
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return list(results), time.monotonic() - t0
+
+
+async def run_endpoint_bench(
+    plan: EndpointBenchPlan,
+    sides: Sides,
+    out: str | Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    argv: Sequence[str],
+    seed_rng: random.Random,
+    log: Callable[[str], None],
+) -> BenchOutcome:
+    """Run the plan against the two sides, appending to ``out``."""
+    outcome = BenchOutcome()
+    on, off = open_clients(sides, seed_rng)
+    async with on, off:
+        model_on = await on.resolve_model()
+        model_off = await off.resolve_model()
+        check: SwitchCheck = await probe_switch(on, off, sides.switch)
+        outcome.notes.extend(check.notes)
+        header = {
+            "type": "endpoint_header",
+            "schema": SCHEMA,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "argv": list(argv),
+            "endpoint_on": sides.on.url,
+            "endpoint_off": sides.off.url if sides.off.url != sides.on.url else None,
+            "switch": sides.switch,
+            "model": model_on,
+            "model_off": model_off,
+            "api": sides.on.api,
+            "plan": plan.describe(),
+            "probe": {
+                "on": asdict(check.on) if check.on else None,
+                "off": asdict(check.off) if check.off else None,
+                "notes": list(check.notes),
+            },
+        }
+        writer, _, cut = open_for_append(out, resume=resume, overwrite=overwrite)
+        with writer:
+            records = read_records(out) if resume else []
+            if resume:
+                _check_resumable(records, header)
+            if cut:
+                outcome.notes.append(f"cut a partial last line off {out} before resuming")
+            done = finished_groups(records)
+            writer.append(header)
+            scrape = {
+                "on": has_known_series(await on.scrape_metrics() or {}),
+                "off": has_known_series(await off.scrape_metrics() or {}),
+            }
+            for mode in plan.modes:
+                for c in plan.concurrency:
+                    for repeat in range(plan.repeats):
+                        for g, slots in enumerate(groups(plan, mode, c, repeat)):
+                            first = first_side(g)
+                            for side in (first, "off" if first == "on" else "on"):
+                                key: GroupKey = (mode, c, repeat, g, side)
+                                if key in done:
+                                    outcome.skipped_groups += 1
+                                    continue
+                                client = on if side == "on" else off
+                                await _measure_group(
+                                    client, slots, key, plan, sides, writer, scrape[side]
+                                )
+                                outcome.measured_groups += 1
+                        log(f"mode {mode}, concurrency {c}, repeat {repeat + 1}: done")
+    return outcome
+
+
+async def _measure_group(
+    client: EndpointClient,
+    slots: Sequence[Slot],
+    key: GroupKey,
+    plan: EndpointBenchPlan,
+    sides: Sides,
+    writer: ResultsWriter,
+    scrape: bool,
+) -> None:
+    mode, c, repeat, group, side = key
+    before = await client.scrape_metrics() if scrape else None
+    replies, wall = await _run_group(client, slots, mode, plan.max_new_tokens)
+    after = await client.scrape_metrics() if scrape else None
+    for (reply, offset), slot in zip(replies, slots, strict=True):
+        if side == "off":
+            check_off_reply(reply, sides)
+        writer.append(request_record(reply, key=key, slot=slot, start_offset=offset))
+    scraped = metrics_counters(before, after) if before is not None and after else None
+    tokens = [r.n_tokens for r, _ in replies if r.n_tokens is not None]
+    writer.append(
+        {
+            "type": "endpoint_group",
+            "mode": mode,
+            "concurrency": c,
+            "repeat": repeat,
+            "group": group,
+            "side": side,
+            "n_requests": len(slots),
+            "wall_s": wall,
+            "n_tokens": sum(tokens),
+            "throughput_tps": sum(tokens) / wall if wall > 0 else None,
+            "median_e2e_s": statistics.median(r.e2e_s for r, _ in replies),
+            "metrics_drafted": scraped.drafted if scraped else None,
+            "metrics_accepted": scraped.accepted if scraped else None,
+        }
+    )

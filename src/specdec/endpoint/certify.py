@@ -1,0 +1,685 @@
+"""``specdec certify --endpoint``: is a server's output unchanged by its speculation?
+
+Two parts, both comparing the spec-on side with the spec-off side (one server with the
+per-request switch, or two servers):
+
+1. **Greedy agreement.** Each prompt once per side at temperature 0; the texts must be equal.
+   At the first divergence the text around it is shown, and, where the server returns
+   logprobs, the tokens and the log-probability gap between the two competing tokens in the
+   rows each side reported. A divergence is a near-tie (a caveat, not a failure) only when
+   both gaps are at most ``tie_gap`` nats, a threshold fixed before the run; anything else
+   (also any divergence on a server without logprobs) FAILS.
+2. **Sampled two-sample tests.** For each prompt, ``samples`` independent requests per side at
+   the plan's temperature, each with its own seed (the spec-on and spec-off seeds are
+   disjoint, so the two samples are independent). The unit is one request: tokens within a
+   completion are dependent, completions are not, so the null of the test holds whatever the
+   dependence inside a sequence. Fixed statistics of each completion (its first, second
+   and third pieces, a piece being a word or one other non-space character, and its whole
+   text) are compared by a chi-square test of homogeneity per
+   prompt (rare values pooled by column totals), summed over prompts, Holm over the four
+   statistics at family-wise ``alpha``. Power: the smallest TV (on the pooled categories,
+   present in every prompt) each statistic detects with 80 % probability, analytically and
+   re-checked by a seeded simulation on the observed spec-off frequencies.
+
+What a remote test cannot show is written into the certificate (``LIMITS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specdec.endpoint.client import EndpointClient, Reply, Request
+from specdec.endpoint.errors import EndpointError
+from specdec.endpoint.pairing import Sides, check_off_reply, open_clients, probe_switch
+from specdec.errors import ConfigError
+from specdec.stats import (
+    MIN_EXPECTED,
+    ChiSquareResult,
+    chisquare_homogeneity,
+    combine_chisquare,
+    holm_adjust,
+    min_detectable_tv_combined,
+    pool_rare,
+)
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+VERDICT = {PASS: "PASS", WARN: "PASS WITH CAVEATS", FAIL: "FAIL"}
+STATISTICS = ("piece 1", "piece 2", "piece 3", "text")
+NONE = "<none>"
+_PIECE = re.compile(r"\w+|[^\w\s]")  # a word, or one other non-space character
+
+LIMITS = (
+    "The reference is the spec-off side, not the model: a fault shared by both sides (the "
+    "same wrong sampler, a wrong model file) is invisible here.",
+    "Only the text the server returns is tested: the sampled tests see four statistics of "
+    "short completions (pieces 1-3 and the whole text); a difference confined to later "
+    "tokens or to rare tokens pooled into one category is not seen, and the stated power is "
+    "for differences on the pooled categories.",
+    "Logprobs, where a server returns them, are its top-N rows only (OpenAI's API allows at "
+    "most 20): a near-tie can be recognised only when both competing tokens are among them.",
+    "No per-token test: scoring the spec-on samples against the spec-off server's rows needs "
+    "token ids that line up between the two servers, which the OpenAI text API does not "
+    "guarantee (re-tokenising a completion can split it differently). Not implemented.",
+    "Numerics that depend on what else the server is running (batch composition in vLLM and "
+    "llama-server with several slots) change outputs; run on an otherwise idle server and "
+    "read a greedy near-tie as such an effect only within the stated gap.",
+    "Seeds are assumed to give independent streams (a server that ignores them still gives "
+    "independent samples); the greedy part assumes temperature 0 means argmax on both sides.",
+)
+
+
+@dataclass(frozen=True)
+class EndpointCertifyPlan:
+    prompts: tuple[str, ...]
+    greedy_prompts: int = 8
+    greedy_tokens: int = 64
+    sampled_prompts: int = 4
+    samples: int = 250  # independent requests per prompt and side
+    sample_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    alpha: float = 0.01
+    tie_gap: float = 0.1  # nats
+    top_logprobs: int = 5
+    seed: int = 0
+    power: float = 0.8
+    power_trials: int = 200
+    concurrency: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise ConfigError("no prompts")
+        if self.greedy_prompts < 0 or self.sampled_prompts < 0:
+            raise ConfigError("prompt counts must be >= 0")
+        if self.greedy_prompts == 0 and self.sampled_prompts == 0:
+            raise ConfigError("nothing to test: no greedy and no sampled prompts")
+        if self.sampled_prompts and self.samples < 2:
+            raise ConfigError(f"samples must be >= 2 per prompt and side, got {self.samples}")
+        if self.greedy_tokens < 1 or self.sample_tokens < 1:
+            raise ConfigError("token counts must be >= 1")
+        if not self.temperature > 0:
+            raise ConfigError("the sampled tests need a temperature > 0")
+        if not 0 < self.alpha < 0.5:
+            raise ConfigError(f"alpha must be in (0, 0.5), got {self.alpha}")
+        if self.tie_gap < 0 or self.concurrency < 1:
+            raise ConfigError("tie gap must be >= 0 and concurrency >= 1")
+        if not 1 <= self.top_logprobs <= 20:
+            raise ConfigError(f"top logprobs must be in 1..20, got {self.top_logprobs}")
+
+    def greedy_texts(self) -> list[str]:
+        return [self.prompts[i % len(self.prompts)] for i in range(self.greedy_prompts)]
+
+    def sampled_texts(self) -> list[str]:
+        return [self.prompts[i % len(self.prompts)] for i in range(self.sampled_prompts)]
+
+
+def make_plan(
+    prompts: Sequence[str], *, quick: bool, scale: float = 1.0, **overrides: Any
+) -> EndpointCertifyPlan:
+    """The quick (a smoke test, minutes on a small model) or full plan; ``overrides`` that
+    are not None replace plan fields; ``scale`` multiplies the sample count."""
+    base: dict[str, Any] = (
+        {
+            "greedy_prompts": 2,
+            "greedy_tokens": 32,
+            "sampled_prompts": 2,
+            "samples": 60,
+            "sample_tokens": 8,
+        }
+        if quick
+        else {}
+    )
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    if scale != 1.0:
+        if scale <= 0:
+            raise ConfigError(f"scale must be > 0, got {scale}")
+        n = base.get("samples", EndpointCertifyPlan.samples)
+        base["samples"] = max(2, round(n * scale))
+    return EndpointCertifyPlan(prompts=tuple(prompts), **base)
+
+
+# -- greedy ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GreedyCase:
+    prompt: str
+    status: str  # "identical" | "near-tie" | "differs"
+    on_text: str
+    off_text: str
+    char_index: int | None = None
+    context: str | None = None  # the common text just before the divergence
+    on_next: str | None = None
+    off_next: str | None = None
+    token_index: int | None = None
+    on_tokens: tuple[str, ...] | None = None  # a window around the divergence
+    off_tokens: tuple[str, ...] | None = None
+    gap_on: float | None = None  # nats, in the spec-on side's row
+    gap_off: float | None = None
+    reason: str = ""
+
+
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """The first index where two sequences differ (the shorter length when one is a prefix
+    of the other), None when equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _gap(row: Mapping[str, float] | None, mine: str, other: str) -> float | None:
+    if row is None or mine not in row or other not in row:
+        return None
+    return float(row[mine] - row[other])
+
+
+def compare_greedy(prompt: str, on: Reply, off: Reply, tie_gap: float) -> GreedyCase:
+    d = first_difference(on.text, off.text)
+    if d is None:
+        return GreedyCase(prompt, "identical", on.text, off.text)
+    case: dict[str, Any] = {
+        "char_index": d,
+        "context": on.text[max(0, d - 60) : d],
+        "on_next": on.text[d : d + 30],
+        "off_next": off.text[d : d + 30],
+    }
+    if on.tokens is None or off.tokens is None:
+        reason = (
+            "the server returns no logprobs, so a near-tie cannot be told from a real difference"
+        )
+        return GreedyCase(prompt, "differs", on.text, off.text, reason=reason, **case)
+    j = first_difference(on.tokens, off.tokens)
+    if j is None:  # same tokens, different text (should not happen): report as is
+        return GreedyCase(prompt, "differs", on.text, off.text, reason="same tokens", **case)
+    lo = max(0, j - 3)
+    case |= {
+        "token_index": j,
+        "on_tokens": on.tokens[lo : j + 3],
+        "off_tokens": off.tokens[lo : j + 3],
+    }
+    if j >= len(on.tokens) or j >= len(off.tokens):
+        reason = "one side stopped where the other went on"
+        return GreedyCase(prompt, "differs", on.text, off.text, reason=reason, **case)
+    t_on, t_off = on.tokens[j], off.tokens[j]
+    row_on = on.top_logprobs[j] if on.top_logprobs and j < len(on.top_logprobs) else None
+    row_off = off.top_logprobs[j] if off.top_logprobs and j < len(off.top_logprobs) else None
+    gap_on, gap_off = _gap(row_on, t_on, t_off), _gap(row_off, t_off, t_on)
+    case |= {"gap_on": gap_on, "gap_off": gap_off}
+    if gap_on is None or gap_off is None:
+        reason = "a competing token is not among the returned top logprobs"
+        return GreedyCase(prompt, "differs", on.text, off.text, reason=reason, **case)
+    if gap_on <= tie_gap and gap_off <= tie_gap:
+        reason = f"both gaps <= {tie_gap:g} nats"
+        return GreedyCase(prompt, "near-tie", on.text, off.text, reason=reason, **case)
+    reason = f"a gap above {tie_gap:g} nats: not a near-tie"
+    return GreedyCase(prompt, "differs", on.text, off.text, reason=reason, **case)
+
+
+# -- sampled -----------------------------------------------------------------------------
+
+
+def statistics_of(text: str) -> dict[str, str]:
+    """The tested statistics of one completion (fixed before any data are seen)."""
+    pieces = _PIECE.findall(text)
+
+    def piece(i: int) -> str:
+        return pieces[i] if len(pieces) > i else NONE
+
+    return {"piece 1": piece(0), "piece 2": piece(1), "piece 3": piece(2), "text": text}
+
+
+def _table(on: Sequence[str], off: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    cats = sorted(set(on) | set(off))
+    index = {c: i for i, c in enumerate(cats)}
+    a = np.zeros(len(cats))
+    b = np.zeros(len(cats))
+    for v in on:
+        a[index[v]] += 1
+    for v in off:
+        b[index[v]] += 1
+    return cats, a, b
+
+
+@dataclass(frozen=True)
+class StatisticTest:
+    name: str
+    statistic: float
+    dof: int
+    pvalue: float
+    adjusted_p: float
+    rejected: bool
+    per_prompt: tuple[dict[str, Any], ...]
+    min_detectable_tv: float  # analytic, at alpha / m and the plan's power
+    simulated_power: float  # at that TV, shift_alternative on the observed frequencies
+
+
+def _combined(tables: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, int, float]:
+    res = [chisquare_homogeneity(a, b) for a, b in tables]
+    c = combine_chisquare(res)
+    return c.statistic, c.dof, c.pvalue
+
+
+def shift_alternative(p: np.ndarray, tv: float) -> np.ndarray | None:
+    """A distribution at TV ``tv`` from p [G]: mass moved in proportion to p from the larger
+    half (by probability) of the categories to the smaller one, the shape of
+    ``stats.hardest_alternative`` (its chi-square divergence tv^2 (1/m_a + 1/m_b) is the
+    smallest of this form, and 4 tv^2 when the halves weigh 0.5 each); None when the larger
+    half holds less than tv. Unlike ``hardest_alternative`` it accepts a small half lighter
+    than tv (a dominant category), which is common after pooling."""
+    p = np.asarray(p, dtype=np.float64)
+    p = p / p.sum()
+    order = np.argsort(p, kind="stable")
+    small = np.zeros(p.shape[0], dtype=bool)
+    small[order[np.cumsum(p[order]) <= 0.5]] = True
+    if not small.any():
+        small[order[0]] = True
+    m_small, m_large = float(p[small].sum()), float(p[~small].sum())
+    if m_small <= 0 or tv > m_large:
+        return None
+    out = np.where(small, p * (1 + tv / m_small), p * (1 - tv / m_large))
+    return out / out.sum()
+
+
+def simulate_power(
+    tables: Sequence[tuple[np.ndarray, np.ndarray]],
+    tv: float,
+    level: float,
+    trials: int,
+    rng: np.random.Generator,
+) -> float:
+    """P(reject at ``level``) when, in every prompt, the spec-on side is ``shift_alternative``
+    at ``tv`` from the observed frequencies of the categories the test pools to
+    (spec-off: those frequencies): the TV is on the pooled categories, as stated."""
+    if not math.isfinite(tv) or trials < 1:
+        return math.nan
+    setups = []
+    for a, b in tables:
+        na, nb = float(a.sum()), float(b.sum())
+        # the categories the test itself pools to (column totals, as chisquare_homogeneity)
+        labels = pool_rare((a + b) * min(na, nb) / (na + nb), MIN_EXPECTED)
+        grouped = np.bincount(labels, weights=a + b)
+        p = grouped / grouped.sum()
+        alt = shift_alternative(p, tv)
+        if alt is None:
+            return math.nan
+        setups.append((int(a.sum()), int(b.sum()), alt, p))
+    hits = 0
+    for _ in range(trials):
+        sim = [
+            (rng.multinomial(na, alt).astype(float), rng.multinomial(nb, p).astype(float))
+            for na, nb, alt, p in setups
+        ]
+        hits += int(_combined(sim)[2] <= level)
+    return hits / trials
+
+
+def sampled_tests(
+    texts_on: Sequence[Sequence[str]],
+    texts_off: Sequence[Sequence[str]],
+    plan: EndpointCertifyPlan,
+    rng: np.random.Generator,
+) -> list[StatisticTest]:
+    """The four statistics' combined tests, Holm-adjusted, with their power."""
+    m = len(STATISTICS)
+    level = plan.alpha / m  # Holm's first step: a conservative level for the power
+    raw: list[tuple[str, float, int, float, list[dict[str, Any]], float, float]] = []
+    for name in STATISTICS:
+        tables = []
+        per_prompt = []
+        n_eff = []
+        for on, off in zip(texts_on, texts_off, strict=True):
+            cats, a, b = _table(
+                [statistics_of(t)[name] for t in on], [statistics_of(t)[name] for t in off]
+            )
+            r: ChiSquareResult = chisquare_homogeneity(a, b)
+            tables.append((a, b))
+            if r.dof > 0:
+                n_eff.append(r.n_a * r.n_b / (r.n_a + r.n_b))
+            top = sorted(range(len(cats)), key=lambda i: -(a[i] + b[i]))[:10]
+            per_prompt.append(
+                {
+                    "pvalue": r.pvalue,
+                    "dof": r.dof,
+                    "categories": len(cats),
+                    "groups": r.n_groups,
+                    "tv": r.tv.estimate,
+                    "top_values": [[cats[i], int(a[i]), int(b[i])] for i in top],
+                }
+            )
+        stat, dof, p = _combined(tables)
+        mdt = min_detectable_tv_combined(n_eff, dof, level, plan.power) if dof else math.nan
+        live = [t for t in tables if chisquare_homogeneity(*t).dof > 0]
+        sim = simulate_power(live, mdt, level, plan.power_trials, rng) if live else math.nan
+        raw.append((name, stat, dof, p, per_prompt, mdt, sim))
+    adjusted = holm_adjust([r[3] for r in raw])
+    return [
+        StatisticTest(
+            name=name,
+            statistic=stat,
+            dof=dof,
+            pvalue=p,
+            adjusted_p=float(adj),
+            rejected=bool(adj <= plan.alpha),
+            per_prompt=tuple(pp),
+            min_detectable_tv=mdt,
+            simulated_power=sim,
+        )
+        for (name, stat, dof, p, pp, mdt, sim), adj in zip(raw, adjusted, strict=True)
+    ]
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+@dataclass
+class EndpointCertificate:
+    status: str
+    sides: str
+    model: str
+    api: str
+    plan: dict[str, Any]
+    greedy: list[GreedyCase]
+    tests: list[StatisticTest]
+    drafted_on: int | None
+    accepted_on: int | None
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    command: str = ""
+
+    def verdict_line(self) -> str:
+        n_same = sum(c.status == "identical" for c in self.greedy)
+        ties = sum(c.status == "near-tie" for c in self.greedy)
+        parts = [f"greedy {n_same}/{len(self.greedy)} identical"]
+        if ties:
+            parts.append(f"{ties} near-tie(s)")
+        if self.tests:
+            rej = sum(t.rejected for t in self.tests)
+            pmin = min(t.adjusted_p for t in self.tests)
+            parts.append(f"sampled {rej}/{len(self.tests)} tests rejected (min Holm p {pmin:.3g})")
+        if self.drafted_on is not None:
+            parts.append(f"spec-on drafted {self.drafted_on}, accepted {self.accepted_on}")
+        return f"endpoint certificate: {VERDICT[self.status]}: " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _clean(
+            {
+                "status": self.status,
+                "verdict": VERDICT[self.status],
+                "sides": self.sides,
+                "model": self.model,
+                "api": self.api,
+                "plan": self.plan,
+                "greedy": [asdict(c) for c in self.greedy],
+                "sampled_tests": [asdict(t) for t in self.tests],
+                "drafted_on": self.drafted_on,
+                "accepted_on": self.accepted_on,
+                "notes": self.notes,
+                "limits": list(LIMITS),
+                "seconds": self.seconds,
+                "command": self.command,
+            }
+        )
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+async def _bounded(jobs: Sequence[Callable[[], Any]], concurrency: int) -> list[Any]:
+    """Run the coroutine factories with at most ``concurrency`` at a time, in order."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def run(job: Callable[[], Any]) -> Any:
+        async with gate:
+            return await job()
+
+    tasks = [asyncio.create_task(run(j)) for j in jobs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _seeds(plan: EndpointCertifyPlan, prompt_index: int) -> tuple[list[int], list[int]]:
+    """Disjoint seeds for the two sides of one prompt (from the plan's seed only)."""
+    rng = np.random.default_rng([plan.seed, prompt_index])
+    seeds = rng.choice(2**31 - 1, size=2 * plan.samples, replace=False)
+    return [int(s) for s in seeds[: plan.samples]], [int(s) for s in seeds[plan.samples :]]
+
+
+async def run_endpoint_certify(
+    plan: EndpointCertifyPlan,
+    sides: Sides,
+    *,
+    command: str = "",
+    progress: Callable[[str], None] = lambda _: None,
+) -> EndpointCertificate:
+    t_start = time.monotonic()
+    jitter = random.Random(plan.seed)
+    notes: list[str] = []
+    drafted: list[int] = []
+    accepted: list[int] = []
+    on, off = open_clients(sides, jitter)
+    async with on, off:
+        model = await on.resolve_model()
+        await off.resolve_model()
+        check = await probe_switch(on, off, sides.switch)
+        notes.extend(check.notes)
+
+        def count(reply: Reply) -> Reply:
+            if reply.counters is not None:
+                drafted.append(reply.counters.drafted)
+                accepted.append(reply.counters.accepted)
+            return reply
+
+        # greedy agreement (logprobs asked for where the server gives them)
+        greedy: list[GreedyCase] = []
+        texts = plan.greedy_texts()
+        if texts:
+            logprobs = await _logprobs_supported(on, off, plan.top_logprobs)
+            if not logprobs:
+                notes.append(
+                    "the server returns no logprobs: greedy divergences cannot be "
+                    "checked for near-ties"
+                )
+            progress(f"greedy agreement on {len(texts)} prompts")
+            for i, prompt in enumerate(texts):
+                req = Request(
+                    prompt,
+                    plan.greedy_tokens,
+                    temperature=0.0,
+                    seed=plan.seed + i,
+                    logprobs=plan.top_logprobs if logprobs else None,
+                    stream=False,
+                )
+                r_on = count(await on.generate(req))
+                r_off = await off.generate(req)
+                check_off_reply(r_off, sides)
+                greedy.append(compare_greedy(prompt, r_on, r_off, plan.tie_gap))
+
+        # sampled two-sample tests, one independent request per unit
+        samples_on: list[list[str]] = []
+        samples_off: list[list[str]] = []
+        for i, prompt in enumerate(plan.sampled_texts()):
+            progress(
+                f"sampled prompt {i + 1}/{plan.sampled_prompts}: {plan.samples} requests per side"
+            )
+            seeds_on, seeds_off = _seeds(plan, i)
+
+            def job(client: EndpointClient, seed: int, prompt: str = prompt) -> Callable[[], Any]:
+                req = Request(
+                    prompt,
+                    plan.sample_tokens,
+                    temperature=plan.temperature,
+                    seed=seed,
+                    top_p=plan.top_p,
+                    top_k=plan.top_k,
+                    stream=False,
+                )
+                return lambda: client.generate(req)
+
+            jobs = []
+            for s_on, s_off in zip(seeds_on, seeds_off, strict=True):  # interleaved
+                jobs += [job(on, s_on), job(off, s_off)]
+            replies: list[Reply] = await _bounded(jobs, plan.concurrency)
+            for r in replies[1::2]:
+                check_off_reply(r, sides)
+            samples_on.append([count(r).text for r in replies[0::2]])
+            samples_off.append([r.text for r in replies[1::2]])
+    tests = (
+        sampled_tests(samples_on, samples_off, plan, np.random.default_rng(plan.seed + 12345))
+        if samples_on
+        else []
+    )
+    status = PASS
+    if any(c.status == "near-tie" for c in greedy):
+        status = WARN
+    if drafted and sum(drafted) == 0:
+        notes.append(
+            "the spec-on side drafted nothing in any request: this run shows nothing "
+            "about speculation"
+        )
+        status = WARN if status == PASS else status
+    if not drafted:
+        notes.append(
+            "the spec-on side reports no draft counters: that it speculated at all is not checked"
+        )
+    if any(c.status == "differs" for c in greedy) or any(t.rejected for t in tests):
+        status = FAIL
+    return EndpointCertificate(
+        status=status,
+        sides=sides.describe(),
+        model=model,
+        api=sides.on.api,
+        plan={k: v for k, v in asdict(plan).items() if k != "prompts"}
+        | {"n_prompts": len(plan.prompts)},
+        greedy=greedy,
+        tests=tests,
+        drafted_on=sum(drafted) if drafted else None,
+        accepted_on=sum(accepted) if drafted else None,
+        notes=notes,
+        seconds=time.monotonic() - t_start,
+        command=command,
+    )
+
+
+async def _logprobs_supported(on: EndpointClient, off: EndpointClient, n: int) -> bool:
+    """Whether both sides answer a request that asks for top logprobs with logprobs."""
+    req = Request("Hello", 2, temperature=0.0, seed=0, logprobs=n, stream=False)
+    for client in (on, off):
+        try:
+            reply = await client.generate(req)
+        except EndpointError as e:
+            if "logprob" in str(e).lower():
+                return False
+            raise
+        if reply.tokens is None:
+            return False
+    return True
+
+
+# -- outputs -----------------------------------------------------------------------------
+
+
+def _f(x: float | None, spec: str = ".3g") -> str:
+    return "n/a" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def render_markdown(cert: EndpointCertificate) -> str:
+    p = cert.plan
+    out = [f"# Endpoint certificate: {VERDICT[cert.status]}", ""]
+    out += [f"- sides: {cert.sides}", f"- model: `{cert.model}` ({cert.api} API)"]
+    if cert.command:
+        out.append(f"- command: `{cert.command}`")
+    out.append(f"- time: {cert.seconds:.0f} s")
+    if cert.drafted_on is not None:
+        out.append(f"- spec-on drafted {cert.drafted_on} tokens, accepted {cert.accepted_on}")
+    for n in cert.notes:
+        out.append(f"- note: {n}")
+    out += ["", "## Greedy agreement", ""]
+    out.append(
+        f"{len(cert.greedy)} prompts, {p['greedy_tokens']} tokens, temperature 0; a divergence "
+        f"is a near-tie only when both log-probability gaps are <= {p['tie_gap']:g} nats "
+        "(fixed before the run)."
+    )
+    out.append("")
+    for i, c in enumerate(cert.greedy):
+        if c.status == "identical":
+            out.append(f"- prompt {i + 1}: identical ({len(c.on_text)} characters)")
+            continue
+        out.append(f"- prompt {i + 1}: **{c.status}** at character {c.char_index}: {c.reason}")
+        out.append(f"  - before: {c.context!r}")
+        out.append(f"  - spec-on: {c.on_next!r}; spec-off: {c.off_next!r}")
+        if c.token_index is not None:
+            out.append(
+                f"  - tokens from {c.token_index}: spec-on {list(c.on_tokens or ())}, "
+                f"spec-off {list(c.off_tokens or ())}; gaps (nats) on {_f(c.gap_on)}, "
+                f"off {_f(c.gap_off)}"
+            )
+    if cert.tests:
+        out += ["", "## Sampled two-sample tests", ""]
+        out.append(
+            f"{p['sampled_prompts']} prompts x {p['samples']} independent requests per side, "
+            f"{p['sample_tokens']} tokens, temperature {p['temperature']:g}, top-p "
+            f"{p['top_p']:g}, top-k {p['top_k']}; disjoint seeds per side; unit = one "
+            f"request; chi-square homogeneity per prompt, summed over prompts; Holm at "
+            f"alpha {p['alpha']:g}."
+        )
+        out += [
+            "",
+            "| statistic | chi2 | dof | p | Holm p | rejected | detects TV (80 %) | "
+            "simulated power there |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for t in cert.tests:
+            out.append(
+                f"| {t.name} | {_f(t.statistic)} | {t.dof} | {_f(t.pvalue)} | "
+                f"{_f(t.adjusted_p)} | {'**yes**' if t.rejected else 'no'} | "
+                f"{_f(t.min_detectable_tv)} | {_f(t.simulated_power, '.2f')} |"
+            )
+        out.append("")
+        out.append(
+            "'Detects TV': the smallest total-variation distance on the pooled categories, "
+            "present in every prompt, that the statistic's test finds with 80 % probability "
+            "at alpha / 4 (analytic, noncentral chi-square); 'simulated power' re-checks it "
+            f"with {p['power_trials']} seeded simulations of the very test, the spec-on side "
+            "moved by that TV in proportion from the heavier to the lighter half of the "
+            "observed pooled frequencies (the least detectable shape when the halves weigh "
+            "the same; with a dominant category easier, so the check is optimistic there; "
+            "n/a when no such shift exists)."
+        )
+    out += ["", "## What this cannot show", ""]
+    out += [f"- {limit}" for limit in LIMITS]
+    return "\n".join(out) + "\n"
+
+
+def write_certificate(cert: EndpointCertificate, out_dir: str | Path) -> tuple[Path, Path]:
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    j = d / "certificate.json"
+    m = d / "certificate.md"
+    j.write_text(json.dumps(cert.to_dict(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    m.write_text(render_markdown(cert), encoding="utf-8")
+    return j, m
