@@ -366,9 +366,16 @@ def _check(
             break
         if s is not rec.plain:
             chosen.append(s)
-    # the planned drafter is the fallback candidate of the recommendation: always measured
-    planned = [s for s in rec.ranked if is_planned(s.candidate.drafter) and s not in chosen]
-    chosen += planned[:1]
+    # the planned drafter on the fastest plain decoder's backend is the recommendation's
+    # fallback candidate: always measured
+    backend = rec.plain.candidate.target_backend
+    chosen += [
+        s
+        for s in rec.ranked
+        if is_planned(s.candidate.drafter)
+        and s.candidate.target_backend == backend
+        and s not in chosen
+    ][:1]
 
     # Per backend and prompt the target prefills once (timed) and every checked configuration
     # then decodes from that cache (reuse_prefix), in an order rotated per prompt so slow drift
