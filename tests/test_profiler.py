@@ -297,3 +297,15 @@ def test_speculation_needs_the_margin_and_planned_only_the_fallback_margin() -> 
     # a drafter 1.05x faster wins over the fallback
     r = _measured(10.0, suffix=9.0, planned=9.9)
     assert r["label"] == "suffix -> llamacpp" and r["k"] == 2
+
+
+def test_calibration_sets_the_curve_level_from_real_steps_and_keeps_its_shape() -> None:
+    from specdec.profiler.measure import calibrated
+
+    c = Costs(verify_s=(0.07, 0.11, 0.14), prefill_tps=100.0, row_s=0.001, round_s=0.001)
+    slow = calibrated(c, 0.086)  # real steps took 86 ms: the curve was 20 % optimistic
+    assert slow.step_s == pytest.approx(0.086)
+    assert [v / slow.verify_s[0] for v in slow.verify_s] == pytest.approx(
+        [v / c.verify_s[0] for v in c.verify_s]
+    )
+    assert calibrated(c, 0.0) == c  # nothing measured: unchanged

@@ -115,11 +115,26 @@ def with_model_free_draft(
     return replace(costs, draft_round_s=drafter_latency(drafter, ctx, 5))
 
 
-def greedy_continuation(target: CausalLM, prompt_ids: Sequence[int], n_new: int) -> list[int]:
-    """The target's own greedy output (what greedy speculative decoding emits too)."""
+def greedy_run(target: CausalLM, prompt_ids: Sequence[int], n_new: int) -> tuple[list[int], float]:
+    """The target's own greedy output (what greedy speculative decoding emits too) and its
+    decode seconds (prefill excluded)."""
     res = generate(target, None, prompt_ids, max_new_tokens=n_new, k=0, reuse_prefix=False)
     _reset(target)
-    return res.tokens
+    return res.tokens, res.t_total - res.t_prefill
+
+
+def calibrated(costs: Costs, step_s: float) -> Costs:
+    """``costs`` with the verify curve scaled so that a plain step costs ``step_s``, the
+    time measured in real decoding. The curve's shape comes from the repeated passes of
+    ``verify_times``, its level from the real steps: on the development machine the repeated
+    passes at a short context came out 5-20 % faster than decoding steps in context, and every
+    prediction on that backend inherited the error."""
+    if not (step_s > 0 and costs.step_s > 0):
+        return costs
+    overhead = costs.row_s + costs.round_s
+    v1 = max(step_s - overhead, 1e-9)
+    f = v1 / costs.verify_s[0]
+    return replace(costs, verify_s=tuple(v * f for v in costs.verify_s))
 
 
 def model_draft_probe(

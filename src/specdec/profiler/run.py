@@ -45,7 +45,8 @@ from specdec.profiler.decide import (
     rank,
 )
 from specdec.profiler.measure import (
-    greedy_continuation,
+    calibrated,
+    greedy_run,
     model_draft_probe,
     model_free_probe,
     round_walk_probe,
@@ -238,7 +239,13 @@ def _measure(
         if len(i) + spec.n_new + max((*spec.k_model, *spec.k_free)) + 1 > spec.n_ctx:
             raise ConfigError(f"a probe prompt of {len(i)} tokens does not fit n_ctx {spec.n_ctx}")
     log(f"profile: greedy continuations of {len(ids)} prompts")
-    conts = [greedy_continuation(first, p, spec.n_new) for p in ids]
+    runs = [greedy_run(first, p, spec.n_new) for p in ids]
+    conts = [toks for toks, _ in runs]
+    # the curve's level from the real decoding steps of these runs (see ``calibrated``)
+    n_steps = sum(len(t) for t in conts)
+    if n_steps:
+        first_backend = spec.target_backends[0]
+        costs[first_backend] = calibrated(costs[first_backend], sum(d for _, d in runs) / n_steps)
 
     entries: list[tuple[Candidate, Prediction]] = []
     labels: dict[str, Costs] = {}
