@@ -108,3 +108,29 @@ def test_the_api_default_and_serve_use_the_same_rule(monkeypatch: pytest.MonkeyP
     assert done.tokens == plain.tokens
     assert cached_profile(ProfileSpec(target="mock:target"), ["x"]) is None
     assert unprofiled_choice("llamacpp").speculative
+
+
+def test_a_profiled_planned_choice_uses_the_profiles_costs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """When the cached profile recommends the planned drafter, its costs are the profile's:
+    nothing is measured again (the cost measurement here would raise)."""
+    import dataclasses
+
+    from specdec.profiler import target_costs
+    from specdec.theory import Costs
+
+    costs = Costs(verify_s=tuple(1.0 + 0.02 * n for n in range(16)), prefill_tps=1e3)
+    choice = dataclasses.replace(unprofiled_choice("mock"), costs=costs, reason="profiled")
+
+    def no_measuring(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(auto, "machine_default", lambda *a, **kw: choice)
+    monkeypatch.setattr(target_costs, "cached_target_costs", no_measuring)
+    pair = specdec.load("mock:target", target_backend="mock", n_ctx=512)
+    assert pair.auto is choice and pair.draft is not None
+    assert pair.draft.costs is costs  # type: ignore[union-attr]
+    assert main(["generate", *MOCK, "-n", "8", "abc abc abc abc"]) == 0
+    err = capsys.readouterr().err
+    assert "default: planned -> mock: profiled" in err and "measuring" not in err

@@ -316,6 +316,14 @@ def load(
             n_ctx=n_ctx,
             n_threads=n_threads,
         )
+        if choice.speculative and is_planned(choice.draft_ref) and choice.costs is not None:
+            # the profile's costs of this backend: nothing to measure again
+            draft_obj, target_lm = load_pair(
+                choice.draft_ref,
+                ModelConfig(target, choice.target_backend, device, dtype, n_ctx, n_threads),
+                costs=lambda _cfg, _lm: choice.costs,  # type: ignore[arg-type,return-value]
+            )
+            return Pair(target_lm, draft_obj, choice)
         pair = load(
             target,
             choice.draft_ref if choice.speculative else "none",

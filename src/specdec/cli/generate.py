@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     draft, target = load_pair(
         draft_cfg if args.k > 0 or auto else "none",
         target_cfg,
-        costs=_cost_provider(args) if is_planned(draft_cfg) else None,
+        costs=_cost_provider(auto) if is_planned(draft_cfg) else None,
     )
     t_load = time.perf_counter() - t0
     chat = True if args.chat else (False if args.raw else None)  # None: template if any
@@ -242,7 +242,8 @@ def run(args: argparse.Namespace) -> int:
         spec = _run_once(
             target, draft, prompt_ids, args, None, None if args.json else sys.stdout, auto
         )
-        print(stats_line(spec, "auto" if auto else f"K={args.k}"), file=sys.stderr)
+        label = f"K={args.k}" if auto is None else ("auto" if args.auto else "default")
+        print(stats_line(spec, label), file=sys.stderr)
         # wall clock including prefill, per generated token (robust to different lengths)
         speedup = spec.e2e_tokens_per_second / plain.e2e_tokens_per_second
         same = spec.tokens == plain.tokens
@@ -328,10 +329,14 @@ def _default_choice(args: argparse.Namespace, prompt: str) -> Any:
     )
 
 
-def _cost_provider(args: argparse.Namespace) -> Any:
+def _cost_provider(auto: Any) -> Any:
+    """The target's costs for a planned drafter: the profile's when the choice came from one,
+    else measured once on this machine and cached."""
     from specdec.profiler.target_costs import cached_target_costs
 
     def costs(cfg: Any, lm: CausalLM) -> Any:
+        if auto is not None and auto.costs is not None:
+            return auto.costs
         return cached_target_costs(cfg, lm, log=lambda m: print(f"[specdec] {m}", file=sys.stderr))
 
     return costs
