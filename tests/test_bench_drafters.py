@@ -174,5 +174,62 @@ def test_the_report_shows_the_baseline_table_only_with_a_llamacpp_baseline(
     assert "Against plain llama.cpp" not in report
 
 
-def test_planned_configuration_measures_its_k_as_a_cap() -> None:
-    assert replace(llamacpp_matrix()[0]).ks == (16,)
+def _tiny_plan(f: Path, *configs: BenchConfig, **kw: Any) -> BenchPlan:
+    f.write_text(json.dumps({"prompt": "ab ab ab ab", "category": "c"}) + "\n")
+    return replace(
+        BenchPlan(
+            configs=configs,
+            ks=(2,),
+            prompt_source=str(f),
+            categories=None,
+            prompts_per_category=0,
+            max_new_tokens=6,
+            stop_on_eos=False,
+            profile_repeats=1,
+            verify_max=4,
+            profile_context_tokens=20,
+            warmup=False,
+        ),
+        **kw,
+    )
+
+
+def test_the_planned_configuration_runs_the_planner_on_the_profiled_curve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specdec.bench import runner
+
+    built: list[Any] = []
+
+    class Recording(runner.PlannedSuffixDrafter):  # type: ignore[misc,name-defined]
+        def __init__(self, inner: Any, costs: Any) -> None:
+            super().__init__(inner, costs)
+            built.append(costs)
+
+    monkeypatch.setattr(runner, "PlannedSuffixDrafter", Recording)
+    cfg = parse_config("draft=planned,target=mock:target,k=4")
+    run_bench(_tiny_plan(tmp_path / "p.jsonl", cfg), tmp_path / "r.jsonl", progress=False)
+    prof = read_results(tmp_path / "r.jsonl").profile_for(cfg.label)
+    assert prof is not None and len(built) == 1
+    assert list(built[0].verify_s) == prof["verify_s"]  # the configuration's own curve
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_every_run_prefills_its_own_prompt_unless_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reuse: bool
+) -> None:
+    from specdec.bench import runner
+
+    seen: list[bool] = []
+    real = runner.generate
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        if kw.get("max_new_tokens") == 6:  # the measurements, not the profile's own runs
+            seen.append(kw["reuse_prefix"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(runner, "generate", spy)
+    cfg = parse_config("draft=suffix,target=mock:target")
+    plan = _tiny_plan(tmp_path / "p.jsonl", cfg, reuse_prefix=reuse)
+    run_bench(plan, tmp_path / "r.jsonl", progress=False)
+    assert seen == [reuse, reuse]  # K = 0 and K = 2

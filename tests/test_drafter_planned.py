@@ -206,3 +206,29 @@ def test_sampled_sequences_follow_the_exact_target_distribution() -> None:
     assert len(rounds) > N_SEQ // 2  # it drafted
     assert sum(1 for r in rounds if r.n_accepted < r.k) > N_SEQ // 20  # and was rejected
     assert p > 1e-3
+
+
+@pytest.mark.parametrize("costs", [FLAT, LLAMACPP_HERE])
+def test_the_profiles_round_walk_probe_reproduces_a_real_runs_rounds(costs: Costs) -> None:
+    """The profile predicts the planned drafter from ``round_walk_probe`` simulated at its
+    cap; for greedy decoding that must be exactly the rounds a real run makes."""
+    from specdec.profiler.measure import round_walk_probe
+    from specdec.profiler.predict import simulate
+
+    target = MockLM(MockSpec(vocab_size=300, order=3, seed=11, sharpness=5.0))
+    head = [5, 17, 42, 99]
+    body = generate(target, None, head, max_new_tokens=60, k=0, stop_on_eos=False).tokens
+    prompt = [*head, *body[:30], 7, 8, 9, *head]
+    real = generate(
+        target,
+        PlannedSuffixDrafter(SuffixDrafter(), costs),
+        prompt,
+        max_new_tokens=50,
+        k=16,
+        stop_on_eos=False,
+    )
+    seq = round_walk_probe(PlannedSuffixDrafter(SuffixDrafter(), costs), prompt, real.tokens, 16)
+    plan = simulate(seq, 16)
+    assert list(plan.drafted) == [r.k for r in real.rounds]
+    assert list(plan.kept) == [r.n_accepted for r in real.rounds]
+    assert any(r.k > 0 for r in real.rounds)  # it drafted: the comparison is not trivial

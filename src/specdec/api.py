@@ -297,8 +297,9 @@ def load(
                      adapted per round (reproducible). Left at their defaults, ``draft`` and
                      ``target_backend`` let the profile choose; other values narrow it.
     """
+    choice: AutoChoice | None = None
     if auto:
-        return _load_auto(
+        choice = _auto_choice(
             target,
             DEFAULT_DRAFT if draft == MACHINE_DEFAULT else draft,
             target_backend,
@@ -306,7 +307,7 @@ def load(
             n_ctx,
             n_threads,
         )
-    if draft == MACHINE_DEFAULT:
+    elif draft == MACHINE_DEFAULT:
         from specdec.profiler.auto import machine_default
 
         choice = machine_default(
@@ -316,37 +317,20 @@ def load(
             n_ctx=n_ctx,
             n_threads=n_threads,
         )
-        if choice.speculative and is_planned(choice.draft_ref) and choice.costs is not None:
-            # the profile's costs of this backend: nothing to measure again
-            draft_obj, target_lm = load_pair(
-                choice.draft_ref,
-                ModelConfig(target, choice.target_backend, device, dtype, n_ctx, n_threads),
-                costs=lambda _cfg, _lm: choice.costs,  # type: ignore[arg-type,return-value]
-            )
-            return Pair(target_lm, draft_obj, choice)
-        pair = load(
-            target,
-            choice.draft_ref if choice.speculative else "none",
-            target_backend=choice.target_backend,
-            draft_backend=draft_backend,
-            device=device,
-            dtype=dtype,
-            n_ctx=n_ctx,
-            n_threads=n_threads,
-        )
-        return Pair(pair.target, pair.draft, choice)
+    if choice is not None:
+        target_backend = choice.target_backend
+        draft = choice.draft_ref if choice.speculative else "none"
 
     def config(model: str, backend: str) -> ModelConfig:
         return ModelConfig(model, backend, device, dtype, n_ctx, n_threads)
 
     model_free = draft is None or is_model_free(draft)
     draft_ref = draft if model_free else config(str(draft), draft_backend)
-    draft_obj, target_lm = load_pair(
-        draft_ref,
-        config(target, target_backend),
-        costs=measured_costs if is_planned(draft) else None,
-    )
-    return Pair(target_lm, draft_obj)
+    costs = None
+    if is_planned(draft):  # the choice's costs when a profile measured them, else measured
+        costs = choice.costs_or(measured_costs) if choice is not None else measured_costs
+    draft_obj, target_lm = load_pair(draft_ref, config(target, target_backend), costs=costs)
+    return Pair(target_lm, draft_obj, choice)
 
 
 def measured_costs(cfg: ModelConfig, target: CausalLM) -> Costs:
@@ -356,14 +340,15 @@ def measured_costs(cfg: ModelConfig, target: CausalLM) -> Costs:
     return cached_target_costs(cfg, target)
 
 
-def _load_auto(
+def _auto_choice(
     target: str,
     draft: str | None,
     target_backend: str,
     draft_backend: str,
     n_ctx: int,
     n_threads: int | None,
-) -> Pair:
+) -> AutoChoice:
+    """The profile's choice (profiling first when nothing is cached)."""
     from specdec.profiler.auto import auto_profile, choose
 
     result = auto_profile(
@@ -375,13 +360,4 @@ def _load_auto(
         n_threads=n_threads,
     )
     assert result is not None  # only cached_only gives None
-    choice = choose(result, None, int(result.spec["n_new"]))
-    pair = load(
-        target,
-        choice.draft_ref if choice.speculative else "none",
-        target_backend=choice.target_backend,
-        draft_backend=draft_backend,
-        n_ctx=n_ctx,
-        n_threads=n_threads,
-    )
-    return Pair(pair.target, pair.draft, choice)
+    return choose(result, None, int(result.spec["n_new"]))

@@ -16,9 +16,11 @@ from specdec.pairs import (
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
     HYBRID_PREFIX,
+    PLANNED_K,
     DraftRef,
     HybridRef,
     is_model_free,
+    is_planned,
 )
 from specdec.sampling import SamplingConfig
 
@@ -65,6 +67,21 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
         "--threads", type=int, default=None, help=f"CPU threads (default: all, {os.cpu_count()})"
     )
     g.add_argument("--n-ctx", type=int, default=n_ctx, help="context window to allocate")
+
+
+DEFAULT_K = 6  # drafts per round when the user names a drafter but no K
+
+
+def resolve_speculation(args: argparse.Namespace) -> bool:
+    """Fill ``draft`` and ``k`` left unset (None) on the command line; True when nothing about
+    speculation was chosen (no --draft, -k, --adaptive or --auto), so that the machine's
+    default decides. A planned drafter sizes its own drafts: its K only caps them."""
+    nothing = not args.auto and args.draft is None and args.k is None and not args.adaptive
+    if args.draft is None:
+        args.draft = DEFAULT_DRAFT
+    if args.k is None:
+        args.k = PLANNED_K if is_planned(args.draft) else DEFAULT_K
+    return nothing
 
 
 SEED_LIMIT = 2**63  # torch generators take seeds below 2^64; JSON and numpy need < 2^63

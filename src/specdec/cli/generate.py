@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from specdec.cli import command_help
 from specdec.cli.common import (
+    DEFAULT_K,
     add_model_args,
     add_sampling_args,
     check_common,
@@ -18,18 +19,17 @@ from specdec.cli.common import (
     model_configs,
     quiet_libraries,
     read_prompt,
+    resolve_speculation,
     sampling_config,
 )
 from specdec.decoding import GenerationResult, generate_stream
 from specdec.detokenize import IncrementalDecoder
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
-from specdec.pairs import DEFAULT_DRAFT, PLANNED_K, is_model_free, is_planned, load_pair
+from specdec.pairs import is_model_free, is_planned, load_pair
 from specdec.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.prompting import encode_request, read_messages
 from specdec.stops import StopMatcher, check_stops, cut_at_stop
-
-DEFAULT_K = 6  # drafts per round when the user names a drafter but no K
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -187,11 +187,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"-k must be >= 0, got {args.k}")
     # nothing about speculation chosen: the machine's default (a cached profile's choice, or
     # the cost-aware suffix drafter on the target's own backend)
-    machine_default = not args.auto and args.draft is None and args.k is None and not args.adaptive
-    if args.draft is None:
-        args.draft = DEFAULT_DRAFT
-    if args.k is None:  # a planned drafter sizes its own drafts: K only caps them
-        args.k = PLANNED_K if is_planned(args.draft) else DEFAULT_K
+    machine_default = resolve_speculation(args)
     sampling_config(args)  # validate before loading anything
     check_stops(args.stop)
     if prompt is not None and not prompt.strip():
@@ -334,12 +330,10 @@ def _cost_provider(auto: Any) -> Any:
     else measured once on this machine and cached."""
     from specdec.profiler.target_costs import cached_target_costs
 
-    def costs(cfg: Any, lm: CausalLM) -> Any:
-        if auto is not None and auto.costs is not None:
-            return auto.costs
+    def measure(cfg: Any, lm: CausalLM) -> Any:
         return cached_target_costs(cfg, lm, log=lambda m: print(f"[specdec] {m}", file=sys.stderr))
 
-    return costs
+    return measure if auto is None else auto.costs_or(measure)
 
 
 def _short(args: argparse.Namespace) -> argparse.Namespace:

@@ -9,9 +9,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specdec.cli import command_help
-from specdec.cli.common import add_model_args, check_common, model_configs, quiet_libraries
+from specdec.cli.common import (
+    DEFAULT_K,
+    add_model_args,
+    check_common,
+    model_configs,
+    quiet_libraries,
+    resolve_speculation,
+)
 from specdec.errors import ConfigError
-from specdec.pairs import DEFAULT_DRAFT, PLANNED_K, is_planned, load_pair, release
+from specdec.pairs import is_planned, load_pair, release
 
 if TYPE_CHECKING:
     from specdec.api import Pair
@@ -40,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="draft tokens per round; 0 = plain decoding (default: chosen for this machine as "
-        "`specdec generate` does; 6 when a --draft is given)",
+        f"`specdec generate` does; {DEFAULT_K} when a --draft is given)",
     )
     p.add_argument("--adaptive", action="store_true", help="adapt K each round (K = maximum)")
     p.add_argument(
@@ -97,13 +104,7 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     quiet_libraries()
     _check(args)
-    args.machine_default = (
-        not args.auto and args.draft is None and args.k is None and not args.adaptive
-    )
-    if args.draft is None:
-        args.draft = DEFAULT_DRAFT
-    if args.k is None:  # a planned drafter sizes its own drafts: K only caps them
-        args.k = PLANNED_K if is_planned(args.draft) else 6
+    args.machine_default = resolve_speculation(args)
     try:
         import uvicorn
 
