@@ -19,6 +19,7 @@ from specdec.bench.analysis import (
     overall_rate,
     pooled_acceptance,
     predicted_from_counts,
+    predicted_from_rounds,
     speedup_cells,
     summarize_config,
     time_split_fractions,
@@ -160,3 +161,22 @@ def test_reader_tolerates_partial_tail_and_counts_bad_lines(tmp_path: Path) -> N
     res = read_results(path)
     assert len(res.measurements) == len(lines)
     assert res.bad_lines == [4] and res.partial_tail
+
+
+def test_prediction_from_rounds_charges_the_drafts_really_verified() -> None:
+    # 10 tokens from 4 plain steps and 2 rounds of 3 drafts (2 accepted + 1 each); a
+    # model-free lookup costs c once per drafting round, a draft model c per drafted token
+    vr = [1.0 + 0.5 * i for i in range(9)]  # verify(n) / verify(1) = 1, 1.5, 2, ...
+    hist = [4, 0, 0, 2]  # rounds by drafts verified
+    free = predicted_from_rounds(hist, 10, 8, 0.1, vr, "suffix")
+    assert free == pytest.approx(10 / (4 * 1.0 + 2 * (2.5 + 0.1)))
+    model = predicted_from_rounds(hist, 10, 8, 0.1, vr, "model")
+    assert model == pytest.approx(10 / (4 * 1.0 + 2 * (2.5 + 3 * 0.1)))
+    # the positional formula charges every round K = 8 drafts: about half
+    assert predicted_from_counts([2, 2, 2], [2, 2, 0], 8, 0.1, vr) is None  # too few counts
+    assert predicted_speedup([1.0, 1.0, 0.0] + [0.0] * 5, 8, 0.1, vr) < free / 2
+    # rounds that drafted nothing are plain steps; no rounds or no costs: no prediction
+    assert predicted_from_rounds([5], 5, 8, 0.1, vr, "suffix") == pytest.approx(1.0)
+    assert predicted_from_rounds([0, 0], 5, 8, 0.1, vr, "suffix") is None
+    assert predicted_from_rounds(hist, 10, 8, None, vr, "suffix") is None
+    assert predicted_from_rounds(hist, 10, 0, 0.1, vr, "suffix") == 1.0

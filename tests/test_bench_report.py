@@ -153,3 +153,30 @@ def test_ttft_and_end_to_end_by_prompt_length(tmp_path: Path) -> None:
     assert "## Time to first token and end-to-end time" in md
     assert "| cfgA | greedy | 0 | 0-128 | 2 | 0.60 s | 2.20 s |" in md  # medians of a and b
     assert "| cfgA | greedy | 2 | > 512 | 1 | 9.00 s | 13.50 s |" in md
+
+
+def test_predicted_column_charges_each_round_its_real_drafts(tmp_path: Path) -> None:
+    """Runs that record their draft lengths are predicted from them (a suffix-like drafter at
+    K = 8 that mostly drafts nothing is not charged 8 drafts a round)."""
+    vr = [1.0 + 0.5 * i for i in range(9)]
+    recs: list[dict[str, Any]] = [
+        {"type": "header", "session": 1, "machine": {"cpu": "x"}, "plan": {}},
+        {"type": "profile", "config": "cfgA", "c": 0.0, "verify_ratio": vr},
+    ]
+    for p, hist, n in (("p1", [6, 0, 2], 12), ("p2", [10], 10)):
+        plain = m(p, 0, 10.0, "qa")
+        spec = m(p, 8, 10.0, "qa") | {
+            "reached": [2, 2, 0, 0, 0, 0, 0, 0],
+            "accepted": [2, 2, 0, 0, 0, 0, 0, 0],
+            "draft_lengths": hist,
+            "n_tokens": n,
+            "drafter": "suffix",
+        }
+        recs += [plain, spec]
+    src = tmp_path / "rounds.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    md = write_report(src).read_text()
+    # p1: 12 tokens / (6 plain steps + 2 rounds of verify(3) = 2.0) = 1.2; p2: 10 / 10 = 1
+    want = (1.2 * 1.0) ** 0.5
+    section = md.split("## Predicted vs measured")[1]
+    assert f"| cfgA | greedy | 8 | 1.00x | {want:.2f}x |" in section

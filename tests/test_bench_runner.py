@@ -91,6 +91,10 @@ def test_small_bench_writes_the_expected_records(tmp_path: Path, prompt_file: Pa
                 m["tokens_per_second"] / m["plain_tokens_per_second"]
             )
             assert m["predicted_speedup"] is not None
+        # rounds by drafts verified: one entry per round, none drafting more than K
+        assert sum(m["draft_lengths"]) == m["rounds"]
+        assert len(m["draft_lengths"]) <= m["k"] + 1
+        assert sum(j * n for j, n in enumerate(m["draft_lengths"])) == m["drafted"]
     # seed-paired: all measurements of one (prompt, repeat) share the seed; greedy outputs of
     # speculative decoding equal plain decoding's on the mocks
     by_group: dict[tuple[str, str, str, int], list[dict[str, Any]]] = {}

@@ -136,6 +136,14 @@ class GenerationResult:
             hist[r.n_accepted] += 1
         return hist
 
+    def draft_length_histogram(self) -> list[int]:
+        """Rounds by drafts proposed: entry j counts the rounds that verified exactly j drafts
+        (j = 0..max K; 0 is a plain step)."""
+        hist = [0] * (max((r.k for r in self.rounds), default=0) + 1)
+        for r in self.rounds:
+            hist[r.k] += 1
+        return hist
+
     def acceptance_counts(self) -> tuple[list[int], list[int]]:
         """(reached[i], accepted[i]) for draft position i = 1..max K (0-based lists)."""
         kmax = max((r.k for r in self.rounds), default=0)
@@ -178,6 +186,7 @@ class GenerationResult:
             "draft_acceptance_rate": self.draft_acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
             "accepted_length_histogram": self.accepted_length_histogram(),
+            "draft_length_histogram": self.draft_length_histogram(),
             "time_split": self.time_split(),
             "t_prefill": self.t_prefill,
             "ttft": self.ttft,

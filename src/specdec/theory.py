@@ -45,6 +45,39 @@ def predicted_speedup(
     return expected_tokens_per_round(accept, k) / round_cost(k, c, verify_cost)
 
 
+def round_cost_varied(
+    drafted: int, c: float, verify_cost: Sequence[float] | None, *, per_token: bool
+) -> float:
+    """Cost in target-step units of a round that drafted ``drafted`` tokens (0: a plain step).
+    A model draft pays c per drafted token (``per_token``); a model-free lookup pays c once
+    per round that drafted anything."""
+    if drafted == 0:
+        return 1.0
+    v = 1.0 if verify_cost is None else float(verify_cost[min(drafted, len(verify_cost) - 1)])
+    return (drafted * c if per_token else c) + v
+
+
+def predicted_speedup_from_rounds(
+    draft_lengths: Sequence[int],
+    tokens: int,
+    c: float,
+    verify_cost: Sequence[float] | None,
+    *,
+    per_token: bool,
+) -> float:
+    """Predicted speedup of a run from its round structure: ``tokens`` emitted over rounds of
+    which draft_lengths[j] drafted j tokens [K + 1], each round costed by
+    ``round_cost_varied``; plain decoding costs 1 per token. Unlike ``predicted_speedup`` it
+    charges a round for the drafts it really verified, so drafters whose drafts are shorter
+    than K (suffix lookup, cost-aware lengths) are not charged K."""
+    cost = sum(
+        n * round_cost_varied(j, c, verify_cost, per_token=per_token)
+        for j, n in enumerate(draft_lengths)
+        if n
+    )
+    return tokens / cost if cost > 0 else float("nan")
+
+
 def best_k(
     accept: Sequence[float], c: float, verify_cost: Sequence[float] | None, k_max: int
 ) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec.theory import predicted_speedup
+from specdec.theory import predicted_speedup, predicted_speedup_from_rounds
 
 Record = dict[str, Any]
 N_BOOT = 2000
@@ -53,10 +53,41 @@ def predicted_from_counts(
         return 1.0
     if c is None or not math.isfinite(c) or len(reached) < k:
         return None
-    vr = list(verify_ratio) if verify_ratio else None
-    if vr is not None and not all(math.isfinite(v) for v in vr):
-        vr = None
+    vr = _finite_curve(verify_ratio)
     return predicted_speedup(fill_acceptance(reached, accepted), k, c, vr)
+
+
+def _finite_curve(verify_ratio: Sequence[float] | None) -> list[float] | None:
+    vr = list(verify_ratio) if verify_ratio else None
+    if vr is not None and not all(v is not None and math.isfinite(v) for v in vr):
+        return None
+    return vr
+
+
+def per_token_draft(drafter_kind: str) -> bool:
+    """Whether a drafter pays its measured step per drafted token (a draft model, also inside
+    a hybrid) rather than once per round (model-free lookups)."""
+    return drafter_kind in ("model", "hybrid")
+
+
+def predicted_from_rounds(
+    draft_lengths: Sequence[int],
+    tokens: int,
+    k: int,
+    c: float | None,
+    verify_ratio: Sequence[float] | None,
+    drafter_kind: str,
+) -> float | None:
+    """Predicted speedup of one run from its round structure (how many rounds verified how
+    many drafts) and the measured costs: right for drafters whose drafts vary in length."""
+    if k == 0:
+        return 1.0
+    if c is None or not math.isfinite(c) or tokens < 1 or not any(draft_lengths):  # no rounds
+        return None
+    vr = _finite_curve(verify_ratio)
+    return predicted_speedup_from_rounds(
+        draft_lengths, tokens, c, vr, per_token=per_token_draft(drafter_kind)
+    )
 
 
 # -- pairing and spread ------------------------------------------------------------------

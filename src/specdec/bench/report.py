@@ -26,6 +26,7 @@ from specdec.bench.analysis import (
     mean_or_nan,
     overall_rate,
     pooled_acceptance,
+    predicted_from_rounds,
     rates,
     speedup_cells,
     spread,
@@ -86,6 +87,24 @@ def _ordered(values: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
 
+def _predicted_by_rounds(
+    records: Sequence[Record], c: float, vr: Sequence[float] | None
+) -> float | None:
+    """Geometric mean over a cell's runs of the prediction from each run's round structure
+    (``analysis.predicted_from_rounds``); None when a run lacks it (older result files)."""
+    preds = [
+        predicted_from_rounds(
+            m["draft_lengths"], m["n_tokens"], m["k"], c, vr, m.get("drafter", "model")
+        )
+        if "draft_lengths" in m
+        else None
+        for m in records
+    ]
+    if not preds or any(p is None or not p > 0 for p in preds):
+        return None
+    return math.exp(sum(math.log(p) for p in preds if p is not None) / len(preds))
+
+
 def build(results: Results) -> ReportData:
     ms = results.measurements
     configs = _ordered(
@@ -107,7 +126,10 @@ def build(results: Results) -> ReportData:
         if c is None or not math.isfinite(c) or not accept:
             continue
         for k in sorted({m["k"] for m in group if m["k"] > 0}):
-            if k <= len(accept):
+            structural = _predicted_by_rounds([m for m in group if m["k"] == k], c, vr)
+            if structural is not None:
+                data.predicted[(cfg, mode, k)] = structural
+            elif k <= len(accept):
                 data.predicted[(cfg, mode, k)] = predicted_speedup(accept, k, c, vr)
     for cfg in configs:
         for mode in modes:
@@ -506,12 +528,16 @@ def _predicted_section(data: ReportData) -> list[str]:
     lines = [
         "## Predicted vs measured speedup",
         "",
-        "Predicted: E[tokens per round] from the pooled positional acceptance / (K c + "
-        "verify(K+1)/verify(1)), with c and the verify curve from the micro-profile "
-        "(`specdec.theory.predicted_speedup`). The model ignores sampling and loop overhead, "
-        "so measured below predicted shows that overhead. A drafter that may propose fewer "
-        "than K tokens (n-gram lookup without a match) is charged K per round here, which "
-        "makes its prediction pessimistic.",
+        "Predicted: each run's tokens over the cost of its rounds, every round charged "
+        "for the drafts it really verified: verify(j+1)/verify(1) plus the draft's cost "
+        "(j c for a draft model, c once per drafting round for a model-free lookup), with "
+        "c and the verify curve from the micro-profile "
+        "(`specdec.theory.predicted_speedup_from_rounds`; geometric mean over the cell's "
+        "runs). So a drafter whose drafts are shorter than K (a suffix lookup without a "
+        "match, the cost-aware planner) is not charged K. Result files written before runs "
+        "recorded their draft lengths fall back to E[tokens per round] from the pooled "
+        "positional acceptance / (K c + verify(K+1)/verify(1)). The model ignores sampling "
+        "and loop overhead, so measured below predicted shows that overhead.",
         "",
         "![predicted vs measured](predicted_vs_measured.png)",
         "",

@@ -18,7 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from specdec.bench.analysis import predicted_from_counts
+from specdec.bench.analysis import predicted_from_counts, predicted_from_rounds
 from specdec.bench.configs import BenchConfig
 from specdec.bench.machine import git_commit, machine_info, package_versions
 from specdec.bench.plan import MODES, BenchPlan, Measurement, config_ks, measurements
@@ -121,13 +121,12 @@ def measurement_record(
     accepted = (accepted + [0] * m.k)[: m.k]
     tps = res.tokens_per_second
     speedup = tps / plain_tps if m.k > 0 and plain_tps and plain_tps > 0 else None
-    predicted = predicted_from_counts(
-        reached,
-        accepted,
-        m.k,
-        profile.get("c") if profile else None,
-        profile.get("verify_ratio") if profile else None,
-    )
+    c = profile.get("c") if profile else None
+    vr = profile.get("verify_ratio") if profile else None
+    draft_lengths = res.draft_length_histogram()
+    predicted = predicted_from_rounds(draft_lengths, len(res.tokens), m.k, c, vr, drafter_kind)
+    if predicted is None:  # no round drafted anything: the positional formula at K
+        predicted = predicted_from_counts(reached, accepted, m.k, c, vr)
     return {
         "type": "measurement",
         "session": session,
@@ -156,6 +155,7 @@ def measurement_record(
         "mean_tokens_per_round": res.mean_tokens_per_round,
         "reached": reached,
         "accepted": accepted,
+        "draft_lengths": draft_lengths,  # rounds by drafts verified (index 0: plain steps)
         "time_split": res.time_split(),
         "plain_tokens_per_second": plain_tps,
         "speedup": speedup,
