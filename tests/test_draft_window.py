@@ -31,7 +31,7 @@ from specdec.drafters.suffix import SuffixDrafter, SuffixOptions
 from specdec.errors import ConfigError
 from specdec.models.loader import ModelConfig
 from specdec.models.mock import MockLM, MockSpec, mock_pair
-from specdec.pairs import HybridRef, load_pair
+from specdec.pairs import DEFAULT_DRAFT, HybridRef, load_pair
 from specdec.sampling import GREEDY, SamplingConfig, make_generator
 from specdec.timing import Stopwatch
 
@@ -368,3 +368,18 @@ def test_certify_runs_the_windowed_pair_and_names_the_window(
     doc = json.loads((out / "certificate.json").read_text())
     assert doc["draft"].endswith("(window 4)") and "--draft-window 4" in doc["command"]
     assert doc["draft_runtime"]["class"] == "ModelDrafter"
+
+
+def test_serve_loads_the_windowed_pair() -> None:
+    from specdec.cli import build_parser
+    from specdec.cli.common import resolve_speculation
+    from specdec.cli.serve import _load
+
+    alone = ["serve", "--draft-window", "6"]
+    args = build_parser(alone).parse_args(alone)
+    assert not resolve_speculation(args) and args.draft == DEFAULT_DRAFT  # it names a model
+    argv = ["serve", "--draft-window", "6", "--n-ctx", "64", *MOCK]
+    args = build_parser(argv).parse_args(argv)
+    args.machine_default = resolve_speculation(args)
+    pair = _load(args)
+    assert isinstance(pair.draft, ModelDrafter) and pair.draft.window == 6
