@@ -278,6 +278,7 @@ def load(
     n_ctx: int = 4096,
     n_threads: int | None = None,
     auto: bool = False,
+    draft_window: int | None = None,
 ) -> Pair:
     """Load a target and a draft (models come from the verified store, a local GGUF file or a
     transformers directory) and check that they share one tokenizer.
@@ -296,7 +297,16 @@ def load(
                      then cached): the target's backend, the drafter or plain decoding, and K
                      adapted per round (reproducible). Left at their defaults, ``draft`` and
                      ``target_backend`` let the profile choose; other values narrow it.
+    draft_window:    the draft model sees only the last ``draft_window`` tokens of the
+                     context (an int >= 1, below ``n_ctx``): its prefill of a long prompt
+                     shrinks to that many tokens, and the output stays the target's
+                     (lossless). Needs a named draft model (not "default" or ``auto``).
     """
+    if draft_window is not None and (auto or draft == MACHINE_DEFAULT):
+        raise ConfigError(
+            "draft_window needs a named draft model (draft=MODEL); the machine default and "
+            "auto choose the drafter themselves"
+        )
     choice: AutoChoice | None = None
     if auto:
         choice = _auto_choice(
@@ -329,7 +339,9 @@ def load(
     costs = None
     if is_planned(draft):  # the choice's costs when a profile measured them, else measured
         costs = choice.costs_or(measured_costs) if choice is not None else measured_costs
-    draft_obj, target_lm = load_pair(draft_ref, config(target, target_backend), costs=costs)
+    draft_obj, target_lm = load_pair(
+        draft_ref, config(target, target_backend), costs=costs, draft_window=draft_window
+    )
     return Pair(target_lm, draft_obj, choice)
 
 

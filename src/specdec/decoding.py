@@ -7,7 +7,8 @@ baseline.
 
 Cache invariant between rounds (L = len(context)):
     target cache = context[:L-1]       (the last token is fed at the start of the next round)
-    draft cache  <= context            (the drafter syncs itself; see ModelDrafter)
+    draft cache  <= context            (the drafter syncs itself; see ModelDrafter; a
+                                        windowed one caches a prefix of context[offset:])
 A round feeds the target [context[-1], x_1..x_K] and gets K + 1 rows: row i is p_{i+1}, the
 target's distribution for the position of draft i + 1, row K the bonus distribution. After
 n acceptances the target cache is truncated to L + n, which is the new context minus its last
@@ -211,10 +212,18 @@ def as_drafter(draft: CausalLM | Drafter | None, target: CausalLM) -> Drafter | 
 
 def context_limit(target: CausalLM, drafter: Drafter | None) -> int:
     """Tokens a generation may hold: the smaller window of the target and a model drafter
-    (drafters with a window expose ``n_ctx``)."""
+    (drafters bounded by a context window expose it as ``n_ctx``; a ModelDrafter with a
+    draft window reports None there, since it slides, and bounds nothing)."""
     limit = target.n_ctx
     drafter_ctx = getattr(drafter, "n_ctx", None)
     return limit if drafter_ctx is None else min(limit, int(drafter_ctx))
+
+
+def drafter_report(drafter: Drafter | None) -> dict[str, Any]:
+    """What a drafter adds to its generation's result (``report()``, when it has one: a
+    windowed model drafter's window and re-bases); empty for the others."""
+    report = getattr(drafter, "report", None)
+    return dict(report()) if callable(report) else {}
 
 
 def validate_request(prompt_ids: Sequence[int], max_new_tokens: int, n_ctx: int) -> None:
@@ -408,6 +417,7 @@ def _run(
         t_prefill=t_prefill,
         t_total=time.perf_counter() - t_start,
         drafter=getattr(drafter, "name", "none") if drafter is not None else "none",
+        extra=drafter_report(drafter),
     )
 
 

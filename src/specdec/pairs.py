@@ -14,6 +14,10 @@ A draft reference is one of
     a HybridRef        suffix drafts where they match, the draft model elsewhere
     a Drafter object   used as it is
 On the command line, ``hybrid:MODEL`` names a hybrid with that draft model.
+
+A draft window (``load_pair(..., draft_window=W)``) makes the draft model (alone or behind a
+hybrid) see only the last W tokens of the context (``drafters.model``): its prefill stops
+costing a long prompt's length, and the pair's context is bounded by the target alone.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 from specdec.decoding import context_limit
 from specdec.drafters.base import Drafter
 from specdec.drafters.hybrid import HybridDrafter
-from specdec.drafters.model import ModelDrafter
+from specdec.drafters.model import ModelDrafter, check_window
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
@@ -110,13 +114,20 @@ def load_pair(
     *,
     loader: Loader = load_model,
     costs: CostProvider | None = None,
+    draft_window: int | None = None,
 ) -> tuple[CausalLM | Drafter | None, CausalLM]:
     """(draft model or drafter or None, target) ready for ``generate``.
 
     Model pairs are checked to share one tokenizer; on any failure the models loaded so far
     are released. ``loader`` turns a ModelConfig into a CausalLM (tests inject their own);
-    ``costs`` gives the loaded target's measured costs to a ``planned`` drafter.
+    ``costs`` gives the loaded target's measured costs to a ``planned`` drafter;
+    ``draft_window`` (an int >= 1, below the draft model's n_ctx) makes the draft model a
+    windowed ``ModelDrafter``: a draft model then comes back wrapped. Plain decoding ignores
+    it; a drafter without a model refuses it.
     """
+    check_window(draft_window)
+    if draft_window is not None:
+        _check_windowable(draft)
     planned = is_planned(draft)
     if planned and costs is None:
         raise ConfigError(f"the drafter {draft!r} needs the target's measured costs")
@@ -146,15 +157,33 @@ def load_pair(
     except BaseException:
         release(draft_lm, target_lm)
         raise
+    try:
+        drafter = (
+            None
+            if suffix is None and draft_window is None
+            else ModelDrafter(draft_lm, vocab_size=target_lm.vocab_size, window=draft_window)
+        )
+    except BaseException:
+        release(draft_lm, target_lm)
+        raise
     if suffix is not None:
-        return HybridDrafter(
-            suffix, ModelDrafter(draft_lm, vocab_size=target_lm.vocab_size)
-        ), target_lm
-    return draft_lm, target_lm
+        assert drafter is not None
+        return HybridDrafter(suffix, drafter), target_lm
+    return (draft_lm if drafter is None else drafter), target_lm
+
+
+def _check_windowable(draft: DraftRef) -> None:
+    """A draft window needs a draft model (plain decoding has nothing to window)."""
+    if draft is None or draft in ("none", "") or isinstance(draft, ModelConfig | HybridRef):
+        return
+    raise ConfigError(
+        f"a draft window applies to a draft model (or hybrid:MODEL), not to {draft_label(draft)!r}"
+    )
 
 
 def pair_context_limit(draft: CausalLM | Drafter | None, target: CausalLM) -> int:
-    """The context window a generation with this pair may use (the smaller of the two)."""
+    """The context window a generation with this pair may use (the smaller of the two; the
+    target's alone with a windowed draft)."""
     if isinstance(draft, CausalLM):
         return min(target.n_ctx, draft.n_ctx)
     return context_limit(target, draft)  # a hybrid bounds its own model's drafts

@@ -10,7 +10,9 @@ Keys: ``draft`` (a model reference, ``ngram`` or ``ngram:MAX_N``, ``suffix[:OPTS
 separates keys), ``target``, ``label``, and ``backend`` / ``device`` / ``dtype`` (both
 models) or with a ``draft_`` / ``target_`` prefix (one model), ``n_ctx``, ``n_threads``,
 ``ngram_min``, ``k`` (this configuration's own K sweep, e.g. ``k=16`` or ``k=1;2;4``: the
-planned drafter sizes its drafts itself, so its K is only a cap).
+planned drafter sizes its drafts itself, so its K is only a cap), ``draft_window`` (a draft
+model, alone or in a hybrid, sees only the last W tokens of the context, e.g.
+``draft_window=256``; below ``n_ctx``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class BenchConfig:
     free: str | None = None  # a model-free drafter reference: suffix[:OPTS] | planned[:OPTS]
     hybrid: bool = False  # the draft model drafts only where the suffix drafter has nothing
     ks: tuple[int, ...] | None = None  # this configuration's K sweep (None: the plan's)
+    draft_window: int | None = None  # the draft model sees the last W tokens (None: all)
 
     def __post_init__(self) -> None:
         given = [x for x in (self.draft, self.ngram, self.free) if x is not None]
@@ -59,8 +62,24 @@ class BenchConfig:
             raise ConfigError(f"configuration {self.label!r}: unknown drafter {self.free!r}")
         if self.ks is not None and (not self.ks or any(k < 1 for k in self.ks)):
             raise ConfigError(f"configuration {self.label!r}: K values must be >= 1")
+        self._check_window()
         if not self.label or any(c in self.label for c in "\n\t"):
             raise ConfigError(f"bad configuration label {self.label!r}")
+
+    def _check_window(self) -> None:
+        w = self.draft_window
+        if w is None:
+            return
+        if self.draft is None:
+            raise ConfigError(
+                f"configuration {self.label!r}: draft_window needs a draft model "
+                "(draft=MODEL or hybrid:MODEL)"
+            )
+        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w < self.draft.n_ctx:
+            raise ConfigError(
+                f"configuration {self.label!r}: draft_window must be an integer in "
+                f"1..{self.draft.n_ctx - 1} (below the draft's n_ctx), got {w!r}"
+            )
 
     @property
     def drafter_kind(self) -> str:
@@ -79,6 +98,7 @@ class BenchConfig:
             "free": self.free,
             "hybrid": self.hybrid,
             "ks": list(self.ks) if self.ks is not None else None,
+            "draft_window": self.draft_window,
         }
 
     @staticmethod
@@ -91,6 +111,7 @@ class BenchConfig:
             free=d.get("free"),
             hybrid=bool(d.get("hybrid", False)),
             ks=tuple(d["ks"]) if d.get("ks") else None,
+            draft_window=d.get("draft_window"),
         )
 
 
@@ -111,11 +132,13 @@ def default_label(
     target: ModelConfig,
     free: str | None = None,
     hybrid: bool = False,
+    draft_window: int | None = None,
 ) -> str:
     if free is not None:
         d = free.split(":")[0]
     elif draft is not None:
         d = ("hybrid-" if hybrid else "") + short_name(draft)
+        d += f"-w{draft_window}" if draft_window is not None else ""
     else:
         d = f"ngram{ngram.max_n if ngram else 3}"
     return f"{d}->{short_name(target)}"
@@ -170,6 +193,7 @@ def quick_matrix() -> list[BenchConfig]:
 _MODEL_KEYS = ("backend", "device", "dtype")
 _KNOWN = {
     "draft",
+    "draft_window",
     "k",
     "target",
     "label",
@@ -222,6 +246,7 @@ def parse_config(spec: str) -> BenchConfig:
     free: str | None = None
     hybrid = False
     ks = _ks(kv["k"]) if "k" in kv else None
+    window = _int("draft_window", kv["draft_window"]) if "draft_window" in kv else None
     if draft_ref.split(":")[0] in ("suffix", PLANNED):
         name, _, opts = draft_ref.partition(":")
         free = name + (":" + opts.replace(";", ",") if opts else "")
@@ -239,9 +264,16 @@ def parse_config(spec: str) -> BenchConfig:
         raise ConfigError("a bench configuration needs a drafter (plain decoding is always run)")
     else:
         draft = model("draft", draft_ref)
-    label = kv.get("label") or default_label(draft, ngram, target, free, hybrid)
+    label = kv.get("label") or default_label(draft, ngram, target, free, hybrid, window)
     return BenchConfig(
-        label=label, target=target, draft=draft, ngram=ngram, free=free, hybrid=hybrid, ks=ks
+        label=label,
+        target=target,
+        draft=draft,
+        ngram=ngram,
+        free=free,
+        hybrid=hybrid,
+        ks=ks,
+        draft_window=window,
     )
 
 

@@ -28,6 +28,7 @@ from specdec.bench.results import SCHEMA_VERSION, Results, ResultsWriter, open_f
 from specdec.decoding import GenerationResult, generate
 from specdec.drafters import NgramDrafter
 from specdec.drafters.base import Drafter
+from specdec.drafters.model import ModelDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError, SpecdecError
@@ -160,6 +161,10 @@ def measurement_record(
         "plain_tokens_per_second": plain_tps,
         "speedup": speedup,
         "predicted_speedup": predicted,
+        # the draft window and its re-bases (null without one): a windowed draft's prefill,
+        # in t_prefill and ttft, covered only the window
+        "draft_window": res.extra.get("draft_window") if m.k else None,
+        "draft_rebases": res.extra.get("draft_rebases") if m.k else None,
         "finished": _now(),
         "tokens": res.tokens,
     }
@@ -221,7 +226,9 @@ class _Runner:
         elif cfg.hybrid:
             assert cfg.draft is not None
             ref = HybridRef(cfg.draft)
-        draft, target = load_pair(ref, cfg.target, loader=self.loader)
+        draft, target = load_pair(
+            ref, cfg.target, loader=self.loader, draft_window=cfg.draft_window
+        )
         assert draft is not None, "a bench configuration always has a drafter"
         return target, draft
 
@@ -280,7 +287,8 @@ class _Runner:
                 prof = profile_config(
                     cfg.label,
                     target,
-                    draft,
+                    # a windowed draft model's step is its model's step (c as without one)
+                    draft.model if isinstance(draft, ModelDrafter) else draft,
                     context_tokens=self.plan.profile_context_tokens,
                     n_max=self.plan.verify_max,
                     repeats=self.plan.profile_repeats,

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 from specdec.cli import command_help
-from specdec.cli.common import add_model_args, model_configs, quiet_libraries
+from specdec.cli.common import add_model_args, check_draft_window, model_configs, quiet_libraries
 from specdec.cli.endpoint import add_certify_args as add_endpoint_args
 from specdec.cli.endpoint import run_certify as run_endpoint_certify
+from specdec.errors import ConfigError
 
 # specdec.certify.faults.ALL_FAULTS (not imported here: it pulls in torch at CLI start-up;
 # a test checks that the two agree)
@@ -173,11 +174,21 @@ def _command(args: argparse.Namespace) -> str:
         parts += ["--draft", args.draft, "--target", args.target]
         parts += ["--draft-backend", args.draft_backend, "--target-backend", args.target_backend]
         parts += ["--device", args.device, "--dtype", args.dtype, "--chat", args.chat]
+        if args.draft_window is not None:
+            parts += ["--draft-window", str(args.draft_window)]
     return " ".join(shlex.quote(x) for x in parts)
 
 
+def _windowed(label: str | None, window: int | None) -> str | None:
+    """The draft's label, with its draft window when there is one."""
+    return label if window is None or label is None else f"{label} (window {window})"
+
+
 def run(args: argparse.Namespace) -> int:
+    check_draft_window(args)
     if args.endpoint or args.endpoint_off:  # a running server (docs/endpoint.md)
+        if args.draft_window is not None:
+            raise ConfigError("--draft-window applies to the models certify loads, not to a server")
         return run_endpoint_certify(args)
     from specdec.certify.common import FAIL
     from specdec.certify.plan import make_plan, parse_levels
@@ -205,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
     )
     needs_models = "3" in levels or "probe" in levels
     draft_cfg, target_cfg = model_configs(args)
+    window = args.draft_window
     prompts = args.prompts or ("builtin" if args.quick else "spec_bench")
     cfg = CertifyConfig(
         levels=levels,
@@ -212,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         quick=args.quick,
         seed=args.seed,
         alpha=args.alpha,
-        draft=draft_label(draft_cfg) if needs_models else None,
+        draft=_windowed(draft_label(draft_cfg), window) if needs_models else None,
         target=model_label(target_cfg) if needs_models else None,
         prompts_source=prompts if needs_models else None,
         chat=args.chat,
@@ -231,7 +243,11 @@ def run(args: argparse.Namespace) -> int:
     from specdec.pairs import is_planned
 
     costs = measured_costs if is_planned(draft_cfg) else None
-    cert = run_certificate(cfg, lambda: load_pair(draft_cfg, target_cfg, costs=costs), progress=say)
+    cert = run_certificate(
+        cfg,
+        lambda: load_pair(draft_cfg, target_cfg, costs=costs, draft_window=window),
+        progress=say,
+    )
     print(cert.verdict_line())
     print(f"wrote {Path(args.out) / 'certificate.md'} and {Path(args.out) / 'certificate.json'}")
     return 1 if cert.status == FAIL else 0

@@ -45,6 +45,15 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
         default=DEFAULT_TARGET,
         help=f"target: store name, GGUF file or model directory (default: {DEFAULT_TARGET})",
     )
+    g.add_argument(
+        "--draft-window",
+        type=int,
+        default=None,
+        metavar="W",
+        help="the draft model sees only the last W tokens of the context (its prefill of a "
+        "long prompt shrinks to W tokens; lossless: the target verifies every draft); "
+        "W < --n-ctx. Names the default draft model when no --draft is given",
+    )
     g.add_argument("--draft-backend", default=DEFAULT_DRAFT_BACKEND, choices=BACKENDS)
     g.add_argument("--target-backend", default=DEFAULT_TARGET_BACKEND, choices=BACKENDS)
     g.add_argument(
@@ -74,9 +83,15 @@ DEFAULT_K = 6  # drafts per round when the user names a drafter but no K
 
 def resolve_speculation(args: argparse.Namespace) -> bool:
     """Fill ``draft`` and ``k`` left unset (None) on the command line; True when nothing about
-    speculation was chosen (no --draft, -k, --adaptive or --auto), so that the machine's
-    default decides. A planned drafter sizes its own drafts: its K only caps them."""
-    nothing = not args.auto and args.draft is None and args.k is None and not args.adaptive
+    speculation was chosen (no --draft, -k, --adaptive, --auto or --draft-window), so that the
+    machine's default decides. A planned drafter sizes its own drafts: its K only caps them."""
+    nothing = (
+        not args.auto
+        and args.draft is None
+        and args.k is None
+        and not args.adaptive
+        and getattr(args, "draft_window", None) is None
+    )
     if args.draft is None:
         args.draft = DEFAULT_DRAFT
     if args.k is None:
@@ -94,9 +109,28 @@ def check_common(args: argparse.Namespace) -> None:
     n_ctx = getattr(args, "n_ctx", None)
     if n_ctx is not None and n_ctx < 2:
         raise ConfigError(f"--n-ctx must be >= 2, got {n_ctx}")
+    check_draft_window(args)
     seed = getattr(args, "seed", None)  # None: the subcommand's own default
     if seed is not None and not 0 <= seed < SEED_LIMIT:
         raise ConfigError(f"--seed must be in 0..2^63-1, got {seed}")
+
+
+def check_draft_window(args: argparse.Namespace) -> None:
+    """--draft-window: >= 1, below --n-ctx (the draft model's context also holds the
+    drafts), and not with --auto (which chooses the drafter itself)."""
+    window = getattr(args, "draft_window", None)
+    if window is None:
+        return
+    if window < 1:
+        raise ConfigError(f"--draft-window must be >= 1, got {window}")
+    n_ctx = getattr(args, "n_ctx", None)
+    if n_ctx is not None and window >= n_ctx:
+        raise ConfigError(
+            f"--draft-window ({window}) must be smaller than --n-ctx ({n_ctx}): the draft "
+            "model's context holds the window and the drafts"
+        )
+    if getattr(args, "auto", False):
+        raise ConfigError("--draft-window names a draft model; --auto chooses the drafter itself")
 
 
 def read_prompt(value: str) -> str:

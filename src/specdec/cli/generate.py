@@ -165,6 +165,10 @@ def stats_line(res: GenerationResult, label: str = "") -> str:
     ]
     if acc:
         parts.append(f"acceptance by position {acc}")
+    if "draft_window" in res.extra:  # the draft's prefill (in TTFT) covers only the window
+        parts.append(
+            f"draft window {res.extra['draft_window']} ({res.extra['draft_rebases']} re-bases)"
+        )
     parts.append(" ".join(f"{k} {100 * v / total:.0f}%" for k, v in split.items()))
     return f"[specdec{' ' + label if label else ''}] " + " | ".join(parts)
 
@@ -215,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
         draft_cfg if args.k > 0 or auto else "none",
         target_cfg,
         costs=_cost_provider(auto) if is_planned(draft_cfg) else None,
+        draft_window=args.draft_window,
     )
     t_load = time.perf_counter() - t0
     chat = True if args.chat else (False if args.raw else None)  # None: template if any

@@ -180,5 +180,6 @@ def _load(args: argparse.Namespace) -> Pair:
         draft_cfg if args.k > 0 else "none",
         target_cfg,
         costs=measured_costs if is_planned(draft_cfg) else None,
+        draft_window=args.draft_window,
     )
     return Pair(target, draft)

@@ -8,7 +8,8 @@ accepted since its last call in one batched ``extend`` (ModelDrafter's own sync)
 ``prefill`` and ``rollback`` go to both drafters, so the model's cache always holds a prefix
 of the accepted context (the loop's invariant, docs/architecture.md). Where the model's
 context window is smaller than the target's, the model drafts less, and nothing once the
-context fills it (suffix drafts go on).
+context fills it (suffix drafts go on), unless the model drafter has a ``window``: then it
+sees only the last ``window`` tokens, slides on its own and bounds nothing.
 """
 
 from __future__ import annotations
@@ -56,9 +57,22 @@ class HybridDrafter:
         self.model_rounds = 0
         self.last_source = "none"
 
+    @property
+    def window(self) -> int | None:
+        """The model drafter's window (None: it sees the whole context)."""
+        return self.model.window
+
+    def report(self) -> dict[str, int]:
+        """What a result records about the drafter (the model drafter's window, if any)."""
+        return self.model.report()
+
+    def _model_bounded(self) -> bool:
+        """Whether the model drafter needs the whole context in its own window."""
+        return self.model.window is None
+
     def prefill(self, context: Sequence[int]) -> None:
         self.suffix.prefill(context)
-        if len(context) <= self.model.model.n_ctx:
+        if not self._model_bounded() or len(context) <= self.model.model.n_ctx:
             self.model.prefill(context)
 
     def rollback(self, context: Sequence[int]) -> None:
@@ -84,8 +98,10 @@ class HybridDrafter:
         k_model = k if self.model_max_k is None else min(k, self.model_max_k)
         # the model's cache must hold the context and k_model - 1 drafts; the loop only
         # bounds the context by the target's window (and a plain ModelDrafter's), not by
-        # a wrapped one's, so a full draft window means no model draft this round
-        k_model = min(k_model, self.model.model.n_ctx - len(context) + 1)
+        # a wrapped one's, so a full draft window means no model draft this round (a
+        # windowed model drafter slides instead)
+        if self._model_bounded():
+            k_model = min(k_model, self.model.model.n_ctx - len(context) + 1)
         if k_model <= 0:
             return Draft([], None)
         draft = self.model.propose(context, k_model, sampling, generator, stopwatch)
