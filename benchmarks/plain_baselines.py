@@ -3,6 +3,10 @@
   A  llama-cpp-python's own decoding loop (``Llama.create_completion``, greedy, streamed so
      that prefill and decode can be told apart)
   B  specdec's llama.cpp backend with K = 0 (``specdec generate -k 0 --target-backend llamacpp``)
+  A' optional (``--shared-instance``): llama-cpp-python's own loop on the very ``Llama``
+     object specdec's backend wraps, so the two loops are compared on the same weights in
+     memory (two instances of one GGUF can differ by a few per cent on this machine, which
+     is not the loop's doing)
   C  optional: specdec with drafters on the same backend (``--draft``, repeatable: ngram,
      suffix, hybrid:MODEL, a draft model), and with ``--pad-to N`` the same drafters on a
      backend instance whose verify passes are padded to N rows
@@ -42,6 +46,16 @@ def llama_cpp_own(llm, prompt_ids: list[int], n_new: int) -> tuple[float, float,
     return t_first - t0, t_end - t_first, n - 1  # decode rate from the 2nd token on
 
 
+def llama_cpp_shared(ours, prompt_ids: list[int], n_new: int) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+    """llama-cpp-python's own loop on specdec's backend's Llama object; the KV cache is
+    emptied before and after so that neither loop sees the other's cells."""
+    ours.truncate(0)
+    out = llama_cpp_own(ours.llm, prompt_ids, n_new)
+    ours.llm.reset()
+    ours.truncate(0)
+    return out
+
+
 def specdec_run(
     target, draft, prompt_ids: list[int], n_new: int, k: int
 ) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
@@ -64,6 +78,11 @@ def main() -> int:
     ap.add_argument("--draft", action="append", default=[], help="also run this drafter (C)")
     ap.add_argument("-k", type=int, default=8, help="K for the drafter runs")
     ap.add_argument("--pad-to", type=int, default=None, help="also run drafters padded")
+    ap.add_argument(
+        "--shared-instance",
+        action="store_true",
+        help="also run llama-cpp-python's loop on specdec's own Llama object (A')",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the raw figures here")
     args = ap.parse_args()
 
@@ -121,6 +140,10 @@ def main() -> int:
         "llama-cpp-python": lambda p: llama_cpp_own(own, p, args.new_tokens),
         "specdec plain": lambda p: specdec_run(ours, None, p, args.new_tokens, 0),
     }
+    if args.shared_instance:
+        runners["llama-cpp-python on specdec's Llama"] = lambda p: llama_cpp_shared(
+            ours, p, args.new_tokens
+        )
     for ref in args.draft:
         for target, tag in ((ours, ""), (padded, f"+pad{args.pad_to}")):
             if target is None:
@@ -155,6 +178,14 @@ def main() -> int:
     for n, r in ratios.items():
         gm = math.exp(sum(math.log(x) for x in r) / len(r))
         print(f"geometric mean, {n} / {base}: {gm:.3f}x (decode tokens/s)")
+    shared = "llama-cpp-python on specdec's Llama"
+    if shared in ratios:  # the loops compared on one instance: B / A' per prompt
+        same = [b / a for b, a in zip(ratios["specdec plain"], ratios[shared], strict=True)]
+        gm = math.exp(sum(math.log(x) for x in same) / len(same))
+        print(
+            f"geometric mean, specdec plain / {shared}: {gm:.3f}x "
+            f"(per prompt: {', '.join(f'{x:.2f}' for x in same)})"
+        )
     # end to end (prefill + first token + decode), as base time / time: above 1 is faster
     print(f"end to end (prompt in to last token out), ratio of {base}'s time to each:")
     for n in names[1:]:

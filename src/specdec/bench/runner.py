@@ -126,7 +126,7 @@ def measurement_record(
     vr = profile.get("verify_ratio") if profile else None
     draft_lengths = res.draft_length_histogram()
     predicted = predicted_from_rounds(draft_lengths, len(res.tokens), m.k, c, vr, drafter_kind)
-    if predicted is None:  # no round drafted anything: the positional formula at K
+    if predicted is None:  # no rounds or no costs: the positional formula, where it applies
         predicted = predicted_from_counts(reached, accepted, m.k, c, vr)
     return {
         "type": "measurement",

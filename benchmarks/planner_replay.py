@@ -1,0 +1,216 @@
+"""Replay model-free drafters on recorded greedy outputs: deterministic speed estimates.
+
+A suffix drafter's proposals depend only on the context, and under greedy decoding the target
+keeps a draft token exactly when it equals the target's own next token. So given the target's
+greedy output for a prompt (a *trace*: prompt ids plus output ids, from
+``benchmarks/greedy_traces.py``), every round of a model-free drafter can be replayed without
+running the model: which drafts it proposes, how many the target keeps, and how many rows each
+verification pass has. Charging each round the measured verify curve (``--curve``) gives its
+speed relative to plain decoding with no timing noise at all, so drafters and draft-length
+policies can be compared on the same outputs, including
+
+  oracle   the suffix drafter's proposals cut to the length that is best *given the number
+           of tokens the target will keep* (not causal): the ceiling of any length policy
+           over these proposals on this verify curve.
+
+The estimate shares the speed model's limits: it uses a verify curve measured at one context
+length and ignores per-round Python overhead beyond the curve (see ``theory.Costs``). Where
+speculative decoding's batch numerics change the greedy output (llama.cpp, see
+docs/certify.md), a real run follows a different text than the trace.
+
+It also prints the acceptance rates per match-length bucket that the cost-aware planner
+(``drafters/planned.py``) uses as priors, measured on the traces.
+
+    python benchmarks/planner_replay.py --traces benchmarks/results/greedy-traces-train.jsonl \\
+        --curve benchmarks/results/verify-curve-1.5b-q4_k_m-wide.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.planned import BUCKETS, PlannedSuffixDrafter, bucket_of
+from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
+from specdec.sampling import SamplingConfig, make_generator
+from specdec.theory import Costs
+from specdec.timing import Stopwatch
+
+GREEDY = SamplingConfig()
+Trace = dict[str, Any]  # id, category, prompt_ids, tokens
+
+
+def load_traces(path: Path) -> list[Trace]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def load_curve(path: Path, setting: str = "default") -> tuple[float, ...]:
+    """verify seconds for n = 1..16 from a verify-curve file (benchmarks/verify_curve.py,
+    medians, linear between measured n) or a cached profile's ``costs``."""
+    data = json.loads(path.read_text())
+    if "costs" in data:
+        return tuple(float(x) for x in data["costs"]["verify_s"])
+    samples = data["settings"][setting]["samples_s"]
+    ns = sorted(int(n) for n in samples)
+    med = {n: statistics.median(samples[str(n)]) for n in ns}
+    out = []
+    for n in range(1, 17):
+        lo = max(m for m in ns if m <= n)
+        hi = min((m for m in ns if m >= n), default=lo)
+        w = 0.0 if hi == lo else (n - lo) / (hi - lo)
+        out.append(med[lo] + w * (med[hi] - med[lo]))
+    return tuple(out)
+
+
+def matched(draft: Sequence[int], future: Sequence[int]) -> int:
+    """Leading draft tokens equal to the target's own next tokens (what greedy keeps)."""
+    n = 0
+    for a, b in zip(draft, future, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def replay(drafter: Drafter, trace: Trace, k: int, costs: Costs) -> tuple[float, list[int]]:
+    """(seconds, drafts per round) of replaying a drafter over one trace at K = k."""
+    prompt, cont = list(trace["prompt_ids"]), list(trace["tokens"])
+    gen, sw = make_generator(0), Stopwatch()
+    drafter.reset()
+    drafter.prefill(prompt[:-1])
+    t, seconds, lengths = 0, 0.0, []
+    while t < len(cont):
+        ctx = prompt + cont[:t]
+        k_r = max(0, min(k, len(cont) - t - 1))
+        draft = drafter.propose(ctx, k_r, GREEDY, gen, sw).tokens if k_r > 0 else []
+        m = matched(draft, cont[t:])
+        seconds += costs.round_seconds(len(draft))
+        lengths.append(len(draft))
+        t += m + 1
+        if m < len(draft):
+            drafter.rollback(prompt + cont[:t])
+    return seconds, lengths
+
+
+class OracleLength:
+    """The suffix drafter's proposal cut to the best length given how much of it the target
+    keeps (reads the trace: a ceiling, not a drafter)."""
+
+    name = "oracle"
+
+    def __init__(self, costs: Costs) -> None:
+        self.inner = SuffixDrafter(parse_suffix_options(""))
+        self.costs = costs
+        self.future: list[int] = []
+        self.prompt_len = 0
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def prefill(self, context: Sequence[int]) -> None:
+        self.inner.prefill(context)
+
+    def rollback(self, context: Sequence[int]) -> None:
+        self.inner.rollback(context)
+
+    def propose(self, context, k, sampling, generator, stopwatch) -> Draft:  # type: ignore[no-untyped-def]
+        draft = self.inner.propose(context, k, sampling, generator, stopwatch).tokens
+        m = matched(draft, self.future[len(context) - self.prompt_len :])
+        best = max(range(m + 1), key=lambda n: (n + 1) / self.costs.round_seconds(n))
+        return Draft(draft[:best], None)
+
+
+def gmean(xs: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+def bucket_rates(traces: Sequence[Trace]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(kept, tried) per match-length bucket for the first draft token and for continuation
+    tokens, over every position of every trace where the suffix drafter has a proposal."""
+    first = [(0, 0)] * len(BUCKETS)
+    cont = [(0, 0)] * len(BUCKETS)
+    for tr in traces:
+        d = SuffixDrafter(parse_suffix_options(""))
+        prompt, out = list(tr["prompt_ids"]), list(tr["tokens"])
+        gen, sw = make_generator(0), Stopwatch()
+        d.prefill(prompt[:-1])
+        for t in range(len(out) - 1):
+            draft = d.propose(prompt + out[:t], 16, GREEDY, gen, sw).tokens
+            if not draft:
+                continue
+            b, m = bucket_of(d.last_match_len), matched(draft, out[t:])
+            first[b] = (first[b][0] + int(m >= 1), first[b][1] + 1)
+            tried = min(len(draft), m + 1) - 1  # continuation tokens that were tested
+            cont[b] = (cont[b][0] + min(m, len(draft)) - int(m >= 1), cont[b][1] + max(0, tried))
+    return first, cont
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=Path, action="append", required=True)
+    ap.add_argument("--curve", type=Path, required=True, help="verify curve or cached costs")
+    ap.add_argument("--setting", default="default", help="which setting of a verify-curve file")
+    ap.add_argument("--planner-curve", type=Path, help="the curve the planner believes")
+    args = ap.parse_args()
+    traces = [t for p in args.traces for t in load_traces(p)]
+    costs = Costs(verify_s=load_curve(args.curve, args.setting), prefill_tps=math.inf)
+    believed = (
+        Costs(verify_s=load_curve(args.planner_curve, args.setting), prefill_tps=math.inf)
+        if args.planner_curve
+        else costs
+    )
+    v1 = costs.verify_s[0]
+    print(
+        f"{len(traces)} traces; verify(n)/verify(1), n = 1..8: "
+        + ", ".join(f"{v / v1:.2f}" for v in costs.verify_s[:8])
+    )
+
+    def suffix() -> SuffixDrafter:
+        return SuffixDrafter(parse_suffix_options(""))
+
+    policies: dict[str, tuple[Callable[[], Drafter], int]] = {
+        **{f"suffix K={k}": (suffix, k) for k in (1, 2, 3, 4, 8)},
+        "planned K=16": (lambda: PlannedSuffixDrafter(suffix(), believed), 16),
+        "oracle K=16": (lambda: OracleLength(costs), 16),
+    }
+    by_cat: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for name, (make, k) in policies.items():
+        for tr in traces:
+            drafter = make()
+            if isinstance(drafter, OracleLength):
+                drafter.future, drafter.prompt_len = list(tr["tokens"]), len(tr["prompt_ids"])
+            seconds, _ = replay(drafter, tr, k, costs)
+            by_cat[name][tr["category"]].append(
+                len(tr["tokens"]) * costs.round_seconds(0) / seconds
+            )
+    cats = sorted({tr["category"] for tr in traces})
+    print("\nreplayed speed relative to plain decoding (geometric mean per category)")
+    print(f"{'policy':14} " + " ".join(f"{c[:10]:>10}" for c in cats) + f" {'all':>7} {'worst':>6}")
+    for name in policies:
+        allv = [x for c in cats for x in by_cat[name][c]]
+        cells = [
+            f"{gmean(by_cat[name][c]):10.3f}" if by_cat[name][c] else f"{'':>10}" for c in cats
+        ]
+        print(f"{name:14} " + " ".join(cells) + f" {gmean(allv):7.3f} {min(allv):6.2f}")
+    first, cont = bucket_rates(traces)
+    print("\nacceptance per match-length bucket, every position with a proposal:")
+    for b, lo in enumerate(BUCKETS):
+        (fk, ft), (ck, ct) = first[b], cont[b]
+        if ft:
+            print(
+                f"  match >= {lo}: first token {fk}/{ft} = {fk / ft:.2f}; "
+                f"continuation {ck}/{ct} = {ck / max(ct, 1):.2f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
