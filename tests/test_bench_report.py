@@ -180,3 +180,7 @@ def test_predicted_column_charges_each_round_its_real_drafts(tmp_path: Path) -> 
     want = (1.2 * 1.0) ** 0.5
     section = md.split("## Predicted vs measured")[1]
     assert f"| cfgA | greedy | 8 | 1.00x | {want:.2f}x |" in section
+    # the summary's "predicted best" is the same round-structure prediction, not the
+    # positional formula (which charges 8 drafts a round: about 0.4x here)
+    summary = md.split("## Summary")[1].split("##")[0]
+    assert f"| {want:.2f}x |" in summary

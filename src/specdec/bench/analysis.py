@@ -90,6 +90,24 @@ def predicted_from_rounds(
     )
 
 
+def predicted_by_rounds(
+    records: Sequence[Record], c: float, vr: Sequence[float] | None
+) -> float | None:
+    """Geometric mean over a cell's runs of the prediction from each run's round structure
+    (``analysis.predicted_from_rounds``); None when a run lacks it (older result files)."""
+    preds = [
+        predicted_from_rounds(
+            m["draft_lengths"], m["n_tokens"], m["k"], c, vr, m.get("drafter", "model")
+        )
+        if "draft_lengths" in m
+        else None
+        for m in records
+    ]
+    if not preds or any(p is None or not p > 0 for p in preds):
+        return None
+    return math.exp(sum(math.log(p) for p in preds if p is not None) / len(preds))
+
+
 # -- pairing and spread ------------------------------------------------------------------
 
 
@@ -310,7 +328,11 @@ def summarize_config(
     accept = fill_acceptance(reached, accepted)
     k_max = max(own) if own else 0
     vr = profile.get("verify_ratio") if profile else None
-    if accept and k_max and math.isfinite(out.c):
+    if own and math.isfinite(out.c):  # runs that recorded their rounds: the best K's
+        by_rounds = [predicted_by_rounds([m for m in ms if m["k"] == k], out.c, vr) for k in own]
+        if all(p is not None for p in by_rounds):
+            out.predicted_best = max(p for p in by_rounds if p is not None)
+    if math.isnan(out.predicted_best) and accept and k_max and math.isfinite(out.c):
         out.predicted_best = _best_predicted(accept, out.c, vr, min(k_max, len(accept)))
     out.verdict = verdict(out, accept, vr, min(k_max, len(accept)))
     return out

@@ -26,7 +26,7 @@ from specdec.bench.analysis import (
     mean_or_nan,
     overall_rate,
     pooled_acceptance,
-    predicted_from_rounds,
+    predicted_by_rounds,
     rates,
     speedup_cells,
     spread,
@@ -87,24 +87,6 @@ def _ordered(values: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
 
-def _predicted_by_rounds(
-    records: Sequence[Record], c: float, vr: Sequence[float] | None
-) -> float | None:
-    """Geometric mean over a cell's runs of the prediction from each run's round structure
-    (``analysis.predicted_from_rounds``); None when a run lacks it (older result files)."""
-    preds = [
-        predicted_from_rounds(
-            m["draft_lengths"], m["n_tokens"], m["k"], c, vr, m.get("drafter", "model")
-        )
-        if "draft_lengths" in m
-        else None
-        for m in records
-    ]
-    if not preds or any(p is None or not p > 0 for p in preds):
-        return None
-    return math.exp(sum(math.log(p) for p in preds if p is not None) / len(preds))
-
-
 def build(results: Results) -> ReportData:
     ms = results.measurements
     configs = _ordered(
@@ -126,7 +108,7 @@ def build(results: Results) -> ReportData:
         if c is None or not math.isfinite(c) or not accept:
             continue
         for k in sorted({m["k"] for m in group if m["k"] > 0}):
-            structural = _predicted_by_rounds([m for m in group if m["k"] == k], c, vr)
+            structural = predicted_by_rounds([m for m in group if m["k"] == k], c, vr)
             if structural is not None:
                 data.predicted[(cfg, mode, k)] = structural
             elif k <= len(accept):
@@ -229,8 +211,10 @@ def _summary_section(data: ReportData) -> list[str]:
         "target, prompt, seed and repeat (prefill excluded). Point estimate: geometric mean over "
         "prompts x repeats; 95 % CI: percentile bootstrap resampling prompts (2,000 draws). "
         "Plateau: the K whose CI overlaps the best K's CI. verify(8)/verify(1) and c (draft step "
-        "/ target step) come from the configuration's micro-profile; predicted: the best K by "
-        "the speed model with the pooled positional acceptance and those costs.",
+        "/ target step) come from the configuration's micro-profile; predicted best: the "
+        "highest of the K measured by the speed model with each run's round structure and "
+        "those costs (see Predicted vs measured), or, for result files without round "
+        "structure, the best K by the pooled positional acceptance.",
         "",
     ]
     return lines + _table(
