@@ -10,7 +10,8 @@ import pytest
 
 from specdec.bench.configs import parse_config
 from specdec.bench.plan import BenchPlan
-from specdec.bench.report import report_summary, write_report
+from specdec.bench.report import _ttft_points, build, report_summary, write_report
+from specdec.bench.results import read_results
 from specdec.bench.runner import run_bench
 from specdec.errors import ConfigError
 
@@ -111,7 +112,9 @@ def test_report_from_a_mock_bench_run(tmp_path: Path) -> None:
     run_bench(plan, src, progress=False)
     out = tmp_path / "rep"
     md = write_report(src, out).read_text()
-    assert {p.name for p in out.glob("*.png")} == PNGS
+    # bench runs record TTFT, so their report also plots it against prompt length
+    assert {p.name for p in out.glob("*.png")} == PNGS | {"ttft_vs_prompt_length.png"}
+    assert "![TTFT vs prompt length](ttft_vs_prompt_length.png)" in md
     for section in (
         "## Summary",
         "## Speedup vs K",
@@ -153,6 +156,12 @@ def test_ttft_and_end_to_end_by_prompt_length(tmp_path: Path) -> None:
     assert "## Time to first token and end-to-end time" in md
     assert "| cfgA | greedy | 0 | 0-128 | 2 | 0.60 s | 2.20 s |" in md  # medians of a and b
     assert "| cfgA | greedy | 2 | > 512 | 1 | 9.00 s | 13.50 s |" in md
+    # the plot: one marker per timed run, plain runs together, the untimed record left out
+    assert (src.with_name("t-report") / "ttft_vs_prompt_length.png").stat().st_size > 1000
+    points = _ttft_points(build(read_results(src)))
+    assert sorted(points["plain"]) == [(40, 0.5), (100, 0.7), (800, 6.0)]
+    spec = sorted((n, round(s, 9)) for n, s in points["cfgA K=2 (greedy)"])
+    assert spec == [(40, 0.75), (100, 1.05), (800, 9.0)]
 
 
 def test_predicted_column_charges_each_round_its_real_drafts(tmp_path: Path) -> None:

@@ -164,3 +164,19 @@ def predicted_vs_measured(points: dict[str, list[tuple[int, float, float]]], pat
     ax.set_title("predicted vs measured (labels: K)")
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def ttft_vs_prompt_length(points: dict[str, list[tuple[int, float]]], path: Path) -> Path:
+    """points[label] = [(prompt tokens, TTFT seconds), ...]: one marker per run."""
+    fig = Figure(figsize=(6.5, 4.4), layout="constrained")
+    ax = fig.subplots()
+    for label, pts in points.items():
+        if pts:
+            xs, ys = zip(*sorted(pts), strict=True)
+            ax.plot(xs, ys, marker="o", linestyle="none", alpha=0.75, label=label)
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("time to first token, s (prefill + first round)")
+    ax.set_title("TTFT vs prompt length (one marker per run)")
+    if points:
+        ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -417,10 +417,28 @@ def _band(n: int) -> str:
     return f"> {lo - 1}" if hi >= 10**9 else f"{lo}-{hi}"
 
 
+TTFT_PLOT = "ttft_vs_prompt_length.png"
+
+
+def _timed(data: ReportData) -> list[dict[str, Any]]:
+    """Measurements that recorded TTFT (older result files did not)."""
+    return [m for m in data.results.measurements if isinstance(m.get("ttft"), int | float)]
+
+
+def _ttft_points(data: ReportData) -> dict[str, list[tuple[int, float]]]:
+    """(prompt tokens, TTFT) of every timed run, by configuration and K ("plain" for K = 0
+    of every configuration)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for m in _timed(data):
+        label = "plain" if m["k"] == 0 else f"{m['config']} K={m['k']} ({m['mode']})"
+        out.setdefault(label, []).append((int(m.get("prompt_tokens", 0)), float(m["ttft"])))
+    return out
+
+
 def _ttft_section(data: ReportData) -> list[str]:
     """Median time to first token and end-to-end time per configuration, K and prompt-length
     band (records written before TTFT was recorded are left out)."""
-    ms = [m for m in data.results.measurements if isinstance(m.get("ttft"), int | float)]
+    ms = _timed(data)
     if not ms:
         return []
     lines = [
@@ -428,6 +446,8 @@ def _ttft_section(data: ReportData) -> list[str]:
         "",
         "Median over prompts and repeats, by prompt length in tokens. TTFT = prefill (target and "
         "draft) + the first round; end to end = the whole generation.",
+        "",
+        f"![TTFT vs prompt length]({TTFT_PLOT})",
         "",
     ]
     rows = []
@@ -600,6 +620,9 @@ def write_report(results_path: str | Path, out_dir: str | Path | None = None) ->
     plots.predicted_vs_measured(
         _predicted_points(data, plot_mode), out / "predicted_vs_measured.png"
     )
+    ttft_points = _ttft_points(data)
+    if ttft_points:
+        plots.ttft_vs_prompt_length(ttft_points, out / TTFT_PLOT)
     lines: list[str] = []
     for section in (
         _setup_section(data, src),
