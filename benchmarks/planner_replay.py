@@ -40,6 +40,8 @@ from typing import Any
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.planned import BUCKETS, PlannedSuffixDrafter, bucket_of
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
+from specdec.profiler.measure import round_walk_probe
+from specdec.profiler.predict import plan_seconds, simulate
 from specdec.sampling import SamplingConfig, make_generator
 from specdec.theory import Costs
 from specdec.timing import Stopwatch
@@ -81,23 +83,11 @@ def matched(draft: Sequence[int], future: Sequence[int]) -> int:
 
 
 def replay(drafter: Drafter, trace: Trace, k: int, costs: Costs) -> tuple[float, list[int]]:
-    """(seconds, drafts per round) of replaying a drafter over one trace at K = k."""
-    prompt, cont = list(trace["prompt_ids"]), list(trace["tokens"])
-    gen, sw = make_generator(0), Stopwatch()
-    drafter.reset()
-    drafter.prefill(prompt[:-1])
-    t, seconds, lengths = 0, 0.0, []
-    while t < len(cont):
-        ctx = prompt + cont[:t]
-        k_r = max(0, min(k, len(cont) - t - 1))
-        draft = drafter.propose(ctx, k_r, GREEDY, gen, sw).tokens if k_r > 0 else []
-        m = matched(draft, cont[t:])
-        seconds += costs.round_seconds(len(draft))
-        lengths.append(len(draft))
-        t += m + 1
-        if m < len(draft):
-            drafter.rollback(prompt + cont[:t])
-    return seconds, lengths
+    """(seconds, drafts per round) of replaying a drafter over one trace at K = k: the
+    profiler's own round walk (``round_walk_probe``, ``simulate``, ``plan_seconds``)."""
+    seq = round_walk_probe(drafter, trace["prompt_ids"], trace["tokens"], k)
+    plan = simulate(seq, k)
+    return plan_seconds(plan, costs), list(plan.drafted)
 
 
 class OracleLength:

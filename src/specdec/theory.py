@@ -31,11 +31,9 @@ def geometric_tokens_per_round(alpha: float, k: int) -> float:
 
 
 def round_cost(k: int, c: float, verify_cost: Sequence[float] | None = None) -> float:
-    """Cost of one round in target-step units; verify_cost[n-1] = verify(n) / verify(1)."""
-    if k == 0:
-        return 1.0
-    v = 1.0 if verify_cost is None else float(verify_cost[min(k, len(verify_cost) - 1)])
-    return k * c + v
+    """Cost of one round with K drafts of a draft model (c per drafted token) in target-step
+    units; verify_cost[n-1] = verify(n) / verify(1)."""
+    return round_cost_varied(k, c, verify_cost, per_token=True)
 
 
 def predicted_speedup(
