@@ -5,6 +5,8 @@ output distribution under ProfileK."""
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +16,21 @@ from scipy import stats
 
 from seq_dist import exact_first_tokens
 from specdec.cli import main
+from specdec.cli.profile import render
 from specdec.decoding import generate
+from specdec.models.loader import load_model
 from specdec.models.mock import mock_pair
 from specdec.policy import ProfileK
 from specdec.profiler import cache
 from specdec.profiler.decide import Candidate, rank
-from specdec.profiler.predict import ProbeSequence, predict, runs_from_matches, simulate
+from specdec.profiler.measure import with_prefill_from
+from specdec.profiler.predict import (
+    ProbeSequence,
+    pass_ceiling_tps,
+    predict,
+    runs_from_matches,
+    simulate,
+)
 from specdec.profiler.run import ProfileSpec, run_profile
 from specdec.sampling import SamplingConfig
 from specdec.theory import Costs
@@ -309,3 +320,65 @@ def test_calibration_sets_the_curve_level_from_real_steps_and_keeps_its_shape() 
         [v / c.verify_s[0] for v in c.verify_s]
     )
     assert calibrated(c, 0.0) == c  # nothing measured: unchanged
+
+
+# -- skipping a backend that cannot win ---------------------------------------------------------
+
+
+def test_pass_ceiling_bounds_every_pass_between_timed_points() -> None:
+    # passes of 1, 2, 4 and 8 rows took 1, 1.5, 2 and 4 s: between 2 and 4 rows a pass costs
+    # at least 1.5 s and yields at most 4 tokens, so 4 / 1.5 is the largest bound
+    points = [(1, 1.0), (2, 1.5), (4, 2.0), (8, 4.0)]
+    assert pass_ceiling_tps(points) == pytest.approx(max(2 / 1.0, 4 / 1.5, 8 / 2.0, 8 / 4.0))
+    assert pass_ceiling_tps(points) == pytest.approx(4.0)
+    # a flat curve: the largest pass gives the ceiling
+    assert pass_ceiling_tps([(1, 1.0), (17, 1.0)]) == pytest.approx(17.0)
+    for bad in ([], [(2, 1.0)], [(1, 1.0), (1, 2.0)], [(1, 0.0)], [(1, float("nan"))]):
+        with pytest.raises(ValueError):
+            pass_ceiling_tps(bad)
+
+
+def _two_backend_loader(slow_s: float) -> Any:
+    """The mock target on "mock" as is and on "auto" with ``slow_s`` seconds per row added to
+    every pass (a backend that verifies serially and slowly)."""
+
+    def load(cfg: Any) -> Any:
+        lm = load_model(cfg)
+        if cfg.backend == "auto" and slow_s > 0:
+            inner = lm.extend
+
+            def slow_extend(ids: Any) -> Any:
+                time.sleep(slow_s * len(ids))
+                return inner(ids)
+
+            lm.extend = slow_extend
+        return lm
+
+    return load
+
+
+@pytest.mark.parametrize("slow_s", [0.004, 0.0])
+def test_profile_skips_a_backend_whose_ceiling_is_below_plain_decoding(
+    slow_s: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    spec = replace(MOCK_SPEC, target_backends=("mock", "auto"), drafts=("ngram",), n_new=8)
+    result = run_profile(spec, ["The quick brown fox. " * 4], loader=_two_backend_loader(slow_s))
+    backends = {c.target_backend for c, _ in result.candidates()}
+    if slow_s:  # 4 ms a row: at most 250 tok/s, far below the plain mock step
+        assert set(result.skipped_backends) == {"auto"}
+        assert "at most" in result.skipped_backends["auto"]
+        assert backends == {"mock"}
+        assert "auto: not profiled further" in render(result)
+    else:  # the same backend at full speed is profiled
+        assert result.skipped_backends == {}
+        assert backends == {"mock", "auto"}
+
+
+def test_prefill_throughput_from_the_probe_prompts_own_prefills() -> None:
+    base = serial_costs()
+    got = with_prefill_from(base, [100, 300], [1.0, 3.0])
+    assert got.prefill_tps == pytest.approx(100.0)
+    assert got.verify_s == base.verify_s  # nothing else changes
+    with pytest.raises(ValueError):
+        with_prefill_from(base, [100], [0.0])

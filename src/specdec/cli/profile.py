@@ -114,6 +114,8 @@ def render(result: Any) -> str:
     lines.append(
         f"(predicted; speedups against the fastest plain decoder, {rec.plain.candidate.label})"
     )
+    for backend, why in result.skipped_backends.items():
+        lines.append(f"{backend}: {why}")
     if result.checks:
         head = (
             f"{'checked with real runs':42} {'K':>3} {'predicted':>9} {'measured':>9} {'error':>6}"

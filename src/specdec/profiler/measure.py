@@ -3,6 +3,7 @@ acceptance probes. Every function leaves the models' caches empty."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from specdec.decoding import generate
 from specdec.drafters.base import Drafter
 from specdec.models.base import CausalLM, extend_last
 from specdec.models.vocab import fit_logits
-from specdec.profiler.predict import Costs, ProbeSequence, runs_from_matches
+from specdec.profiler.predict import Costs, ProbeSequence, pass_ceiling_tps, runs_from_matches
 from specdec.rejection import accept_reject
 from specdec.sampling import GREEDY, logits_to_probs, make_generator
 from specdec.timing import Stopwatch
@@ -85,16 +86,37 @@ def target_costs(
     repeats: int = 3,
     ns: Sequence[int] | None = PROFILE_NS,
     prefill_repeats: int = 1,
+    prefill: bool = True,
 ) -> Costs:
-    """The target side of the costs: verify curve, prefill throughput, loop overhead."""
+    """The target side of the costs: verify curve, prefill throughput, loop overhead.
+    ``prefill=False`` leaves the prefill throughput unmeasured (infinite) for a caller that
+    times real prompts' prefills instead (``with_prefill_from``)."""
     ctx = profile_context(target, context_tokens)
     times = verify_times(target, ctx, n_max, repeats, ns=ns)
     return Costs(
         verify_s=tuple(times),
-        prefill_tps=prefill_throughput(target, repeats=prefill_repeats),
+        prefill_tps=prefill_throughput(target, repeats=prefill_repeats) if prefill else math.inf,
         row_s=row_overhead(target.vocab_size),
         round_s=round_overhead(target),
     )
+
+
+# passes timed for the speculative ceiling of a backend (the largest pass is added)
+CEILING_NS = (1, 2, 4, 8, 16)
+
+
+def throughput_ceiling(
+    target: CausalLM, n_max: int, *, context_tokens: int = 100, repeats: int = 1
+) -> tuple[float, list[tuple[int, float]]]:
+    """``predict.pass_ceiling_tps`` on this target: the tokens per second that no drafter can
+    beat on it, from a few timed passes up to ``n_max`` rows (a round's largest), and the
+    passes it used [(n, seconds)]. A few seconds where ``target_costs`` takes minutes."""
+    ctx = profile_context(target, context_tokens)
+    ns = sorted({n for n in CEILING_NS if n < n_max} | {n_max})
+    times = verify_times(target, ctx, n_max, repeats, ns=ns)
+    _reset(target)
+    points = [(n, times[n - 1]) for n in ns]
+    return pass_ceiling_tps(points), points
 
 
 def with_model_draft(costs: Costs, draft: CausalLM, *, context_tokens: int = 100) -> Costs:
@@ -115,12 +137,27 @@ def with_model_free_draft(
     return replace(costs, draft_round_s=drafter_latency(drafter, ctx, 5))
 
 
-def greedy_run(target: CausalLM, prompt_ids: Sequence[int], n_new: int) -> tuple[list[int], float]:
-    """The target's own greedy output (what greedy speculative decoding emits too) and its
-    decode seconds (prefill excluded)."""
+def greedy_run(
+    target: CausalLM, prompt_ids: Sequence[int], n_new: int
+) -> tuple[list[int], float, float]:
+    """The target's own greedy output (what greedy speculative decoding emits too), its
+    decode seconds (prefill excluded) and its prefill seconds (len(prompt_ids) - 1 tokens:
+    the last prompt token goes into the first decoding pass)."""
     res = generate(target, None, prompt_ids, max_new_tokens=n_new, k=0, reuse_prefix=False)
     _reset(target)
-    return res.tokens, res.t_total - res.t_prefill
+    return res.tokens, res.t_total - res.t_prefill, res.t_prefill
+
+
+def with_prefill_from(
+    costs: Costs, prompt_tokens: Sequence[int], seconds: Sequence[float]
+) -> Costs:
+    """``costs`` with the prefill throughput of real prompts: ``prompt_tokens[i]`` tokens
+    prefilled in ``seconds[i]`` (the probe's own prompts, timed while decoding them), which
+    saves the dedicated prefill passes of ``prefill_throughput``."""
+    total = sum(seconds)
+    if not (total > 0 and sum(prompt_tokens) > 0):
+        raise ValueError("no timed prefill to take the throughput from")
+    return replace(costs, prefill_tps=sum(prompt_tokens) / total)
 
 
 def calibrated(costs: Costs, step_s: float) -> Costs:

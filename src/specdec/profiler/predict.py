@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from specdec.theory import Costs
 
@@ -154,3 +155,24 @@ def runs_from_matches(matches: Sequence[bool], cap: int) -> tuple[int, ...]:
         nxt = min(nxt + 1, cap) if matches[t] else 0
         run[t] = nxt
     return tuple(run)
+
+
+def pass_ceiling_tps(points: Sequence[tuple[int, float]]) -> float:
+    """The most tokens per second ANY speculative decoding can reach on a target whose
+    verification passes were timed at ``points`` = [(n rows, seconds)], ascending n from 1 up
+    to the largest pass a round can have.
+
+    Drafts are taken as free and every one as accepted, so a pass over n rows yields at most
+    n tokens in v(n) seconds. Between two timed points a < b a pass over n rows (a <= n <= b)
+    costs at least v(a), since more rows never cost less, so n / v(n) <= b / v(a); the ceiling
+    is the largest of these bounds and of n_last / v(n_last)."""
+    if not points or points[0][0] != 1:
+        raise ValueError("the ceiling needs timed passes starting at n = 1")
+    ns = [n for n, _ in points]
+    if any(b <= a for a, b in pairwise(ns)):
+        raise ValueError(f"the timed pass sizes must ascend, got {ns}")
+    if any(not (s > 0 and math.isfinite(s)) for _, s in points):
+        raise ValueError("every timed pass must take a positive, finite time")
+    bounds = [b / v_a for (_, v_a), (b, _) in pairwise(points)]
+    n_last, v_last = points[-1]
+    return max([*bounds, n_last / v_last])

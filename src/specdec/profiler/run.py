@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from specdec.decoding import generate
@@ -51,8 +51,10 @@ from specdec.profiler.measure import (
     model_free_probe,
     round_walk_probe,
     target_costs,
+    throughput_ceiling,
     with_model_draft,
     with_model_free_draft,
+    with_prefill_from,
 )
 from specdec.profiler.predict import Prediction, ProbeSequence, predict
 from specdec.prompting import encode_prompt
@@ -125,6 +127,7 @@ class ProfileResult:
     recommendation: dict[str, Any] = field(default_factory=dict)
     probe_accept: dict[str, list[float]] = field(default_factory=dict)  # drafter -> by position
     draft_refs: dict[str, str] = field(default_factory=dict)  # drafter name -> reference
+    skipped_backends: dict[str, str] = field(default_factory=dict)  # backend -> why
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -226,26 +229,41 @@ def _measure(
 ) -> ProfileResult:
     targets: dict[str, CausalLM] = {}
     costs: dict[str, Costs] = {}
+    skipped: dict[str, str] = {}
+    n_pass = max((*spec.k_model, *spec.k_free, PLANNED_K)) + 1  # a round's largest pass
     for backend in spec.target_backends:
         log(f"profile: loading the target on {backend}")
         lm = loader(spec.model_config(spec.target, backend))
         loaded.append(lm)
+        why = _hopeless(backend, lm, costs, n_pass) if costs else None
+        if why is not None:
+            log(f"profile: {backend}: {why}")
+            skipped[backend] = why
+            loaded.remove(lm)
+            release(lm)
+            continue
         targets[backend] = lm
         log(f"profile: measuring {backend} (verify curve, prefill, loop overhead)")
-        costs[backend] = target_costs(lm)
-    first = targets[spec.target_backends[0]]
+        # the first backend's prefill is timed on the probe prompts themselves, below
+        costs[backend] = target_costs(lm, prefill=bool(costs))
+    first = targets[spec.target_backends[0]]  # never skipped: nothing was measured before it
     ids = [encode_prompt(first, p, chat=spec.chat and _has_chat(first)) for p in prompts]
     for i in ids:
         if len(i) + spec.n_new + max((*spec.k_model, *spec.k_free)) + 1 > spec.n_ctx:
             raise ConfigError(f"a probe prompt of {len(i)} tokens does not fit n_ctx {spec.n_ctx}")
     log(f"profile: greedy continuations of {len(ids)} prompts")
     runs = [greedy_run(first, p, spec.n_new) for p in ids]
-    conts = [toks for toks, _ in runs]
+    conts = [toks for toks, _, _ in runs]
+    first_backend = spec.target_backends[0]
+    costs[first_backend] = with_prefill_from(
+        costs[first_backend], [len(i) - 1 for i in ids], [p for _, _, p in runs]
+    )
     # the curve's level from the real decoding steps of these runs (see ``calibrated``)
     n_steps = sum(len(t) for t in conts)
     if n_steps:
-        first_backend = spec.target_backends[0]
-        costs[first_backend] = calibrated(costs[first_backend], sum(d for _, d in runs) / n_steps)
+        costs[first_backend] = calibrated(
+            costs[first_backend], sum(d for _, d, _ in runs) / n_steps
+        )
 
     entries: list[tuple[Candidate, Prediction]] = []
     labels: dict[str, Costs] = {}
@@ -307,11 +325,17 @@ def _measure(
                 per_backend[backend] = shared
         refs[name] = ref
         probe_accept[name] = _probe_accept(next(iter(per_backend.values())), max(ks))
+        # a draft model's step and prefill do not depend on the target's backend: timed once
+        drafted = with_model_draft(costs[first_backend], dm) if model_draft else None
         for backend, c in costs.items():
             obj = drafters[(name, backend)]
             dc = (
-                with_model_draft(c, obj)  # type: ignore[arg-type]
-                if model_draft
+                replace(
+                    c,
+                    draft_token_s=drafted.draft_token_s,
+                    draft_prefill_tps=drafted.draft_prefill_tps,
+                )
+                if drafted is not None
                 else with_model_free_draft(c, obj, targets[backend])  # type: ignore[arg-type]
             )
             cand = Candidate(backend, name, model_draft)
@@ -327,6 +351,7 @@ def _measure(
         costs={label: asdict(c) for label, c in labels.items()},
         predictions=[{"candidate": asdict(c), "prediction": asdict(p)} for c, p in entries],
         probe_accept=probe_accept,
+        skipped_backends=skipped,
     )
     mean_prompt = round(sum(len(i) for i in ids) / len(ids))
     rec = result.rank_for(mean_prompt, spec.n_new)
@@ -337,6 +362,24 @@ def _measure(
     result.recommendation["draft_ref"] = refs[result.recommendation["candidate"]["drafter"]]
     result.draft_refs = refs
     return result
+
+
+def _hopeless(backend: str, target: CausalLM, costs: dict[str, Costs], n_pass: int) -> str | None:
+    """Why profiling ``backend`` further cannot change the ranking (None when it can): even
+    with free drafts that are all accepted, its passes of up to ``n_pass`` rows yield fewer
+    tokens per second than plain decoding on a backend measured already. Saves minutes where
+    one backend is many times slower (transformers in fp32 next to llama.cpp on a CPU)."""
+    best = min(costs, key=lambda b: costs[b].step_s)
+    plain_tps = 1.0 / costs[best].step_s
+    ceiling, points = throughput_ceiling(target, n_pass)
+    if ceiling >= plain_tps:
+        return None
+    shown = ", ".join(f"{n}: {s:.2f} s" for n, s in points)
+    return (
+        f"not profiled further: even with free drafts that are all accepted, verification "
+        f"on {backend} reaches at most {ceiling:.1f} tok/s (passes by rows, {shown}), below "
+        f"plain decoding on {best} ({plain_tps:.1f} tok/s)"
+    )
 
 
 def _model_free(ref: str, costs: Costs) -> Drafter:
