@@ -12,6 +12,11 @@ policies can be compared on the same outputs, including
   oracle   the suffix drafter's proposals cut to the length that is best *given the number
            of tokens the target will keep* (not causal): the ceiling of any length policy
            over these proposals on this verify curve.
+  tree-oracle  every candidate continuation the suffix index offers (after each earlier
+           occurrence of the context's last min_match tokens, no candidate limit), the one
+           the target follows longest, cut to the best length like oracle, K <= 16, and
+           charged only that path's rows: the ceiling of any token tree over suffix
+           candidates (a real tree verifies more rows than the path it keeps).
 
 The estimate shares the speed model's limits: it uses a verify curve measured at one context
 length and ignores per-round Python overhead beyond the curve (see ``theory.Costs``). Where
@@ -118,6 +123,72 @@ class OracleLength:
         return Draft(draft[:best], None)
 
 
+def candidate_positions(context: Sequence[int], min_match: int) -> list[int]:
+    """Every earlier position j (min_match <= j < len(context)) whose preceding min_match
+    tokens equal the context's last min_match: the positions that follow an earlier
+    occurrence of the context's suffix, for every suffix length >= min_match the suffix
+    drafter looks up (a longer match implies this one), with no ``max_candidates`` limit."""
+    length = len(context)
+    if length < min_match:
+        return []
+    tail = list(context[length - min_match :])
+    return [j for j in range(min_match, length) if list(context[j - min_match : j]) == tail]
+
+
+def tree_matched(context: Sequence[int], future: Sequence[int], min_match: int) -> int:
+    """The most leading tokens of ``future`` that one candidate continuation matches, over
+    every candidate of ``candidate_positions``. Candidate j continues with context[j:] and,
+    past the end, periodically (context[j + (d mod (len - j))]), as the suffix drafter's
+    draft does, so every suffix proposal is a prefix of some candidate."""
+    length = len(context)
+    best = 0
+    for j in candidate_positions(context, min_match):
+        period = length - j
+        n = 0
+        while n < len(future) and context[j + n % period] == future[n]:
+            n += 1
+        best = max(best, n)
+        if best == len(future):
+            break
+    return best
+
+
+class TreeOracle:
+    """Ceiling of token trees over suffix candidates (reads the trace: not a drafter).
+
+    A tree verifies several candidate continuations in one pass, one row per node; under
+    greedy decoding a round keeps the longest prefix of some candidate that equals the
+    target's output. This oracle looks at every candidate the context offers
+    (``tree_matched``), takes the one the target follows longest, and cuts it to the best
+    length given how much of it is kept, as ``oracle`` does; the round is charged only that
+    path, verify(n + 1), while a real tree holding the path has at least that many rows. So
+    no tree built from suffix-index candidates, sized by any policy, beats it round by
+    round."""
+
+    name = "tree-oracle"
+
+    def __init__(self, costs: Costs, min_match: int | None = None) -> None:
+        self.min_match = parse_suffix_options("").min_match if min_match is None else min_match
+        self.costs = costs
+        self.future: list[int] = []
+        self.prompt_len = 0
+
+    def reset(self) -> None:
+        pass
+
+    def prefill(self, context: Sequence[int]) -> None:
+        pass
+
+    def rollback(self, context: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context, k, sampling, generator, stopwatch) -> Draft:  # type: ignore[no-untyped-def]
+        future = self.future[len(context) - self.prompt_len :][: max(k, 0)]
+        m = tree_matched(context, future, self.min_match)
+        best = max(range(m + 1), key=lambda n: (n + 1) / self.costs.round_seconds(n))
+        return Draft(future[:best], None)
+
+
 def gmean(xs: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(x) for x in xs))
 
@@ -170,12 +241,13 @@ def main() -> int:
         **{f"suffix K={k}": (suffix, k) for k in (1, 2, 3, 4, 8)},
         "planned K=16": (lambda: PlannedSuffixDrafter(suffix(), believed), 16),
         "oracle K=16": (lambda: OracleLength(costs), 16),
+        "tree-oracle": (lambda: TreeOracle(costs), 16),  # K = 16 too; the name fills the column
     }
     by_cat: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for name, (make, k) in policies.items():
         for tr in traces:
             drafter = make()
-            if isinstance(drafter, OracleLength):
+            if isinstance(drafter, OracleLength | TreeOracle):
                 drafter.future, drafter.prompt_len = list(tr["tokens"]), len(tr["prompt_ids"])
             seconds, _ = replay(drafter, tr, k, costs)
             by_cat[name][tr["category"]].append(

@@ -10,6 +10,7 @@ from specdec.models.mock import mock_pair
 from specdec.policy import AdaptiveK, FixedK, RoundObservation
 from specdec.theory import (
     best_k,
+    draft_model_ceiling,
     expected_tokens_per_round,
     geometric_tokens_per_round,
     predicted_speedup,
@@ -88,3 +89,52 @@ def test_predicted_speedup_and_best_k() -> None:
     serial = [float(n) for n in range(1, 10)]
     assert best_k([0.6] * 8, 0.5, serial, 8) == 0
     assert best_k([0.9] * 8, 0.05, [1.0] * 9, 8) == 8
+
+
+# verify(n) / verify(1), n = 1..8, of the 1.5B Q4_K_M target on the 2-core development machine
+# (benchmarks/results/verify-curve-1.5b-q4_k_m-wide.json, setting "default", n = 7 interpolated)
+THIS_MACHINE = [1.00, 1.54, 2.07, 2.34, 2.96, 3.34, 4.50, 5.66]
+
+
+def test_draft_model_ceiling_flat_curve_cheap_draft_pays() -> None:
+    # K = 1: 2 / 1.1 = 1.82, K = 2: 3 / 1.2 = 2.5, K = 3: 4 / 1.3 = 3.08 -> the longest wins
+    k, ceiling = draft_model_ceiling(0.1, [1.0, 1.0, 1.0, 1.0])
+    assert k == 3
+    assert ceiling == pytest.approx(4 / 1.3)
+    assert ceiling > 1.0
+
+
+def test_draft_model_ceiling_this_machine_stays_below_plain() -> None:
+    # c = 0.66: K = 1: 2 / 2.20 = 0.909, K = 2: 3 / 3.39 = 0.885, K = 3: 4 / 4.32 = 0.926,
+    # K = 4: 5 / 5.60 = 0.893, K = 5: 6 / 6.64 = 0.904, K = 6: 7 / 8.46, K = 7: 8 / 10.28
+    k, ceiling = draft_model_ceiling(0.66, THIS_MACHINE)
+    assert k == 3
+    assert ceiling == pytest.approx(4 / 4.32)
+    assert ceiling < 1.0
+    # a free draft on the same curve: K = 5 gives 6 / 3.34 = 1.80, the best of 2 / 1.54 ..
+    assert draft_model_ceiling(0.0, THIS_MACHINE) == (5, pytest.approx(6 / 3.34))
+
+
+def test_draft_model_ceiling_serial_curve_free_draft_is_parity() -> None:
+    # verify(n) = n: K + 1 tokens for K + 1 steps at every K; the tie keeps K = 1
+    assert draft_model_ceiling(0.0, [1.0, 2.0, 3.0]) == (1, pytest.approx(1.0))
+    # any draft cost at all then loses: 2 / (0.2 + 2) = 0.909 beats 3 / (0.4 + 3) = 0.882
+    assert draft_model_ceiling(0.2, [1.0, 2.0, 3.0]) == (1, pytest.approx(2 / 2.2))
+
+
+@pytest.mark.parametrize(
+    ("c", "curve"),
+    [
+        (-0.1, [1.0, 1.5]),
+        (float("nan"), [1.0, 1.5]),
+        (float("inf"), [1.0, 1.5]),
+        (0.5, [1.0]),
+        (0.5, []),
+        (0.5, [1.0, 0.0]),
+        (0.5, [1.0, float("nan")]),
+        (0.5, [2.0, 3.0]),
+    ],
+)
+def test_draft_model_ceiling_rejects_bad_input(c: float, curve: list[float]) -> None:
+    with pytest.raises(ValueError):
+        draft_model_ceiling(c, curve)

@@ -122,3 +122,37 @@ class Costs:
         if drafted > 0:
             seconds += drafted * self.draft_token_s + self.draft_round_s
         return seconds
+
+
+def draft_model_ceiling(c: float, verify_ratio: Sequence[float]) -> tuple[int, float]:
+    """(best K, ceiling): the most a draft model with step cost c can speed up decoding on a
+    verify curve even if every draft is accepted.
+
+    A round drafting K tokens costs K * c + verify(K + 1) / verify(1) target steps and emits at
+    most K + 1 tokens, so the speedup over plain decoding is at most
+
+        max over K = 1 .. len(verify_ratio) - 1 of (K + 1) / (K * c + verify_ratio[K])
+
+    c             draft step time / target step time, finite and >= 0
+    verify_ratio  [N], verify_ratio[n - 1] = verify(n) / verify(1) for n = 1 .. N (so
+                  verify_ratio[0] == 1); N >= 2, every entry finite and > 0
+
+    The ceiling ignores drafting's other costs (the draft's prefill, the pass over the
+    accepted tokens); K = 0 (plain decoding, 1.0) is not a candidate, so a ceiling below 1
+    says no K pays even with perfect acceptance. Ties keep the smallest K.
+    """
+    if not (math.isfinite(c) and c >= 0.0):
+        raise ValueError(f"draft step cost c must be finite and >= 0, got {c}")
+    v = [float(x) for x in verify_ratio]
+    if len(v) < 2:
+        raise ValueError(f"verify_ratio needs verify(1) and verify(2) at least, got {len(v)}")
+    if not all(math.isfinite(x) and x > 0.0 for x in v):
+        raise ValueError("verify_ratio entries must be finite and > 0")
+    if abs(v[0] - 1.0) > 1e-9:
+        raise ValueError(f"verify_ratio[0] is verify(1) / verify(1) = 1, got {v[0]}")
+    best, best_val = 0, -math.inf
+    for k in range(1, len(v)):
+        val = (k + 1) / (k * c + v[k])  # v[k] = verify(K + 1) / verify(1)
+        if val > best_val:
+            best, best_val = k, val
+    return best, best_val
