@@ -9,12 +9,13 @@ verification pass has. Charging each round the measured verify curve (``--curve`
 speed relative to plain decoding with no timing noise at all, so drafters and draft-length
 policies can be compared on the same outputs, including
 
-  oracle   the suffix drafter's proposals cut to the length that is best *given the number
-           of tokens the target will keep* (not causal): the ceiling of any length policy
-           over these proposals on this verify curve.
+  oracle   the suffix drafter's proposals cut to the lengths that are best *given the
+           number of tokens the target will keep* (not causal), planned over the whole
+           output by dynamic programming (``profiler.predict.best_length_plan``): the
+           ceiling of any length policy over these proposals on this verify curve.
   tree-oracle  every candidate continuation the suffix index offers (after each earlier
            occurrence of the context's last min_match tokens, no candidate limit), the one
-           the target follows longest, cut to the best length like oracle, K <= 16, and
+           the target follows longest, cut to the best lengths like oracle, K <= 16, and
            charged only that path's rows: the ceiling of any token tree over suffix
            candidates (a real tree verifies more rows than the path it keeps).
 
@@ -42,16 +43,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.base import Drafter
 from specdec.drafters.planned import BUCKETS, PlannedSuffixDrafter, bucket_of
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
-from specdec.profiler.measure import round_walk_probe
-from specdec.profiler.predict import plan_seconds, simulate
+from specdec.profiler.measure import model_free_probe, round_walk_probe
+from specdec.profiler.predict import ProbeSequence, best_length_plan, plan_seconds, simulate
 from specdec.sampling import SamplingConfig, make_generator
 from specdec.theory import Costs
 from specdec.timing import Stopwatch
 
 GREEDY = SamplingConfig()
+K_CAP = 16  # the oracles' draft-length cap
 Trace = dict[str, Any]  # id, category, prompt_ids, tokens
 
 
@@ -95,32 +97,18 @@ def replay(drafter: Drafter, trace: Trace, k: int, costs: Costs) -> tuple[float,
     return plan_seconds(plan, costs), list(plan.drafted)
 
 
-class OracleLength:
-    """The suffix drafter's proposal cut to the best length given how much of it the target
-    keeps (reads the trace: a ceiling, not a drafter)."""
+def oracle_probe(trace: Trace, k_cap: int = K_CAP) -> ProbeSequence:
+    """What the suffix drafter proposes at every position of the trace (up to k_cap tokens)
+    and how much of it the target keeps: its proposal depends only on the context, the
+    prompt plus the fixed greedy output up to there."""
+    drafter = SuffixDrafter(parse_suffix_options(""))
+    return model_free_probe(drafter, trace["prompt_ids"], trace["tokens"], k_cap)
 
-    name = "oracle"
 
-    def __init__(self, costs: Costs) -> None:
-        self.inner = SuffixDrafter(parse_suffix_options(""))
-        self.costs = costs
-        self.future: list[int] = []
-        self.prompt_len = 0
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def prefill(self, context: Sequence[int]) -> None:
-        self.inner.prefill(context)
-
-    def rollback(self, context: Sequence[int]) -> None:
-        self.inner.rollback(context)
-
-    def propose(self, context, k, sampling, generator, stopwatch) -> Draft:  # type: ignore[no-untyped-def]
-        draft = self.inner.propose(context, k, sampling, generator, stopwatch).tokens
-        m = matched(draft, self.future[len(context) - self.prompt_len :])
-        best = max(range(m + 1), key=lambda n: (n + 1) / self.costs.round_seconds(n))
-        return Draft(draft[:best], None)
+def oracle_seconds(trace: Trace, costs: Costs, k_cap: int = K_CAP) -> float:
+    """Decode seconds of ``oracle``: the suffix drafter's proposals cut to the lengths that
+    are best over the whole output (reads the trace: a ceiling, not a drafter)."""
+    return plan_seconds(best_length_plan(oracle_probe(trace, k_cap), k_cap, costs), costs)
 
 
 def candidate_positions(context: Sequence[int], min_match: int) -> list[int]:
@@ -153,40 +141,39 @@ def tree_matched(context: Sequence[int], future: Sequence[int], min_match: int) 
     return best
 
 
-class TreeOracle:
-    """Ceiling of token trees over suffix candidates (reads the trace: not a drafter).
+def tree_probe(trace: Trace, k_cap: int = K_CAP, min_match: int | None = None) -> ProbeSequence:
+    """For every position of the trace, (k_cap, the most leading output tokens one candidate
+    continuation matches, ``tree_matched``) where the context offers a candidate, else (0, 0):
+    a candidate continues indefinitely (periodically past the context's end), so a path of
+    any length up to k_cap can be drafted along the best one."""
+    mm = parse_suffix_options("").min_match if min_match is None else min_match
+    prompt, out = [int(x) for x in trace["prompt_ids"]], [int(x) for x in trace["tokens"]]
+    proposals: list[tuple[int, int]] = []
+    for t in range(len(out)):
+        context = prompt + out[:t]
+        if candidate_positions(context, mm):
+            proposals.append((k_cap, tree_matched(context, out[t : t + k_cap], mm)))
+        else:
+            proposals.append((0, 0))
+    return ProbeSequence(len(prompt), len(out), proposals=tuple(proposals))
+
+
+def tree_oracle_seconds(
+    trace: Trace, costs: Costs, k_cap: int = K_CAP, min_match: int | None = None
+) -> float:
+    """Decode seconds of ``tree-oracle``, the ceiling of token trees over suffix candidates
+    (reads the trace: not a drafter).
 
     A tree verifies several candidate continuations in one pass, one row per node; under
     greedy decoding a round keeps the longest prefix of some candidate that equals the
     target's output. This oracle looks at every candidate the context offers
-    (``tree_matched``), takes the one the target follows longest, and cuts it to the best
-    length given how much of it is kept, as ``oracle`` does; the round is charged only that
-    path, verify(n + 1), while a real tree holding the path has at least that many rows. So
-    no tree built from suffix-index candidates, sized by any policy, beats it round by
-    round."""
-
-    name = "tree-oracle"
-
-    def __init__(self, costs: Costs, min_match: int | None = None) -> None:
-        self.min_match = parse_suffix_options("").min_match if min_match is None else min_match
-        self.costs = costs
-        self.future: list[int] = []
-        self.prompt_len = 0
-
-    def reset(self) -> None:
-        pass
-
-    def prefill(self, context: Sequence[int]) -> None:
-        pass
-
-    def rollback(self, context: Sequence[int]) -> None:
-        pass
-
-    def propose(self, context, k, sampling, generator, stopwatch) -> Draft:  # type: ignore[no-untyped-def]
-        future = self.future[len(context) - self.prompt_len :][: max(k, 0)]
-        m = tree_matched(context, future, self.min_match)
-        best = max(range(m + 1), key=lambda n: (n + 1) / self.costs.round_seconds(n))
-        return Draft(future[:best], None)
+    (``tree_matched``), takes the one the target follows longest, and cuts it to the lengths
+    that are best over the whole output (``best_length_plan``), as ``oracle`` does; each
+    round is charged only that path, verify(n + 1), while a real tree holding the path has
+    at least that many rows. So no tree built from suffix-index candidates, sized by any
+    policy, beats it."""
+    probe = tree_probe(trace, k_cap, min_match)
+    return plan_seconds(best_length_plan(probe, k_cap, costs), costs)
 
 
 def gmean(xs: Sequence[float]) -> float:
@@ -237,19 +224,19 @@ def main() -> int:
     def suffix() -> SuffixDrafter:
         return SuffixDrafter(parse_suffix_options(""))
 
-    policies: dict[str, tuple[Callable[[], Drafter], int]] = {
-        **{f"suffix K={k}": (suffix, k) for k in (1, 2, 3, 4, 8)},
-        "planned K=16": (lambda: PlannedSuffixDrafter(suffix(), believed), 16),
-        "oracle K=16": (lambda: OracleLength(costs), 16),
-        "tree-oracle": (lambda: TreeOracle(costs), 16),  # K = 16 too; the name fills the column
+    def walk(make: Callable[[], Drafter], k: int) -> Callable[[Trace], float]:
+        return lambda tr: replay(make(), tr, k, costs)[0]
+
+    policies: dict[str, Callable[[Trace], float]] = {
+        **{f"suffix K={k}": walk(suffix, k) for k in (1, 2, 3, 4, 8)},
+        "planned K=16": walk(lambda: PlannedSuffixDrafter(suffix(), believed), 16),
+        "oracle K=16": lambda tr: oracle_seconds(tr, costs, K_CAP),
+        "tree-oracle": lambda tr: tree_oracle_seconds(tr, costs, K_CAP),  # K = 16 too
     }
     by_cat: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for name, (make, k) in policies.items():
+    for name, seconds_of in policies.items():
         for tr in traces:
-            drafter = make()
-            if isinstance(drafter, OracleLength | TreeOracle):
-                drafter.future, drafter.prompt_len = list(tr["tokens"]), len(tr["prompt_ids"])
-            seconds, _ = replay(drafter, tr, k, costs)
+            seconds = seconds_of(tr)
             by_cat[name][tr["category"]].append(
                 len(tr["tokens"]) * costs.round_seconds(0) / seconds
             )

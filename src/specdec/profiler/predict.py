@@ -93,6 +93,43 @@ def plan_seconds(plan: RoundPlan, costs: Costs) -> float:
     return sum(costs.round_seconds(d) for d in plan.drafted)
 
 
+def best_length_plan(
+    seq: ProbeSequence, k: int, costs: Costs, n_tokens: int | None = None
+) -> RoundPlan:
+    """The round plan with the fewest decode seconds over the probe's continuation when every
+    round may draft any length L from 0 to what the drafter proposes at its position (capped
+    at K and at the tokens left - 1, as ``simulate`` caps it), knowing how much is kept: the
+    ceiling of every draft-length policy over these proposals (it reads the continuation, so
+    it is not a drafter).
+
+    A round at position t with draft length L keeps a = min(L, matched_t) drafts plus one
+    token and costs ``costs.round_seconds(L)``; under greedy decoding what is proposed and
+    kept at t depends only on t (the context is the prompt plus the fixed continuation up to
+    t), so the best plan is a shortest path over positions, solved backwards:
+    best[t] = min over L of round_seconds(L) + best[min(t + a + 1, total)], best[total] = 0.
+    Cutting each round to its own best tokens per second instead (greedy) can land on a
+    position where the drafter has nothing and cost more over the whole output."""
+    total = seq.n_tokens if n_tokens is None else min(n_tokens, seq.n_tokens)
+    best = [math.inf] * total + [0.0]  # best[t]: fewest seconds from position t to the end
+    choice = [(0, 0)] * total  # choice[t]: (drafted, kept) of the first round of best[t]
+    for t in range(total - 1, -1, -1):
+        d, m = seq.round_at(t, min(k, total - t - 1))
+        for length in range(d + 1):  # lengths past m are legal, only never better
+            a = min(length, m)
+            s = costs.round_seconds(length) + best[min(t + a + 1, total)]
+            if s < best[t]:
+                best[t], choice[t] = s, (length, a)
+    drafted: list[int] = []
+    kept: list[int] = []
+    t = 0
+    while t < total:
+        d, a = choice[t]
+        drafted.append(d)
+        kept.append(a)
+        t += a + 1
+    return RoundPlan(tuple(drafted), tuple(kept))
+
+
 @dataclass
 class Prediction:
     """Predicted speed of one (configuration, K) over the probe sequences."""
