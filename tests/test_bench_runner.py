@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from specdec.bench.results import measurement_key, read_results
 from specdec.bench.runner import run_bench
 from specdec.cli import main
 from specdec.errors import ConfigError
+from specdec.models.base import CausalLM
+from specdec.models.loader import ModelConfig, load_model
 
 PROMPTS = ["the cat sat on the mat", "the cat sat on the hat", "abc abc abc abc", "hello world"]
 
@@ -58,6 +61,19 @@ def small_plan(prompt_file: Path, **kw: Any) -> BenchPlan:
 
 def measurement_records(path: Path) -> list[dict[str, Any]]:
     return read_results(path).measurements
+
+
+def crash_at(n: int, exc: type[BaseException]) -> Callable[[dict[str, Any]], None]:
+    """An on_record hook that raises ``exc`` once the n-th measurement is on disk (a kill)."""
+    seen = {"n": 0}
+
+    def crash(record: dict[str, Any]) -> None:
+        if record["type"] == "measurement":
+            seen["n"] += 1
+            if seen["n"] == n:
+                raise exc("killed")
+
+    return crash
 
 
 def test_small_bench_writes_the_expected_records(tmp_path: Path, prompt_file: Path) -> None:
@@ -131,16 +147,8 @@ def test_kill_and_resume_loses_and_duplicates_nothing(
     want = read_results(full).keys()
 
     out = tmp_path / "crashed.jsonl"
-    seen = {"n": 0}
-
-    def crash(record: dict[str, Any]) -> None:
-        if record["type"] == "measurement":
-            seen["n"] += 1
-            if seen["n"] == crash_after:
-                raise exc("killed")
-
     with pytest.raises(exc):
-        run_bench(plan, out, progress=False, on_record=crash)
+        run_bench(plan, out, progress=False, on_record=crash_at(crash_after, exc))
     assert len(measurement_records(out)) == crash_after
     # the kill also hit in the middle of writing the next line
     victim = json.dumps(measurement_records(full)[-1])
@@ -288,3 +296,184 @@ def test_cli_bench_and_report(tmp_path: Path, prompt_file: Path, capsys: Any) ->
     assert main(["report", str(out), "--out", str(rep)]) == 0
     assert (rep / "report.md").is_file()
     assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
+
+
+# -- interleaved mode (--interleave) ---------------------------------------------------------
+
+SHARING = (  # every configuration shares mock:target; "window" shares close's draft too
+    "draft=mock:close,target=mock:target,label=close",
+    "draft=ngram,target=mock:target,label=ngram",
+    "draft=mock:target,target=mock:target,label=self",  # draft and target: two instances
+    "draft=mock:close,target=mock:target,draft_window=4,label=window",
+)
+
+
+class CountingLoader:
+    """load_model, counting calls per ModelConfig and close() calls per loaded object."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[ModelConfig] = Counter()
+        self.loaded: list[Any] = []
+        self.closed: Counter[int] = Counter()
+
+    def __call__(self, mc: ModelConfig) -> CausalLM:
+        self.calls[mc] += 1
+        lm = load_model(mc)
+        index = len(self.loaded)
+        self.loaded.append(lm)
+        lm.close = lambda: self.closed.update([index])  # type: ignore[attr-defined]
+        return lm
+
+
+def tokens_by_key(path: Path) -> dict[tuple[str, str, str, int, int], list[int]]:
+    return {measurement_key(m): m["tokens"] for m in measurement_records(path)}
+
+
+def assert_paired_with_own_plain(records: list[dict[str, Any]]) -> None:
+    """Every speculative run's speedup is against its own configuration's plain run of the
+    same (mode, prompt, repeat)."""
+    plain = {
+        (m["config"], m["mode"], m["prompt_id"], m["repeat"]): m for m in records if m["k"] == 0
+    }
+    for m in records:
+        if m["k"] > 0:
+            own = plain[(m["config"], m["mode"], m["prompt_id"], m["repeat"])]
+            assert m["plain_tokens_per_second"] == own["tokens_per_second"]
+            assert m["speedup"] == m["tokens_per_second"] / own["tokens_per_second"]
+
+
+def test_interleaved_outputs_equal_block_mode(tmp_path: Path, prompt_file: Path) -> None:
+    plan = small_plan(
+        prompt_file, configs=tuple(parse_config(c) for c in SHARING), ks=(1, 2), repeats=1
+    )
+    block, inter = tmp_path / "block.jsonl", tmp_path / "inter.jsonl"
+    run_bench(plan, block, progress=False)
+    outcome = run_bench(replace(plan, interleave=True), inter, progress=False)
+    want = tokens_by_key(block)
+    assert outcome.measured == len(want) == 4 * 4 * 2 * 3
+    # same keys, same tokens (greedy and seeded sampled) with shared model instances
+    assert tokens_by_key(inter) == want
+    assert_paired_with_own_plain(measurement_records(inter))
+
+
+def test_interleaved_order_alternates_prompts_and_rotates_configs(
+    tmp_path: Path, prompt_file: Path
+) -> None:
+    two = tmp_path / "two.txt"
+    two.write_text("the cat sat on the mat\nhello world\n")
+    plan = small_plan(two, ks=(1,), modes=("greedy",), repeats=2, interleave=True)
+    order: list[tuple[int, str, str, int]] = []
+
+    def note(record: dict[str, Any]) -> None:
+        if record["type"] == "measurement":
+            order.append((record["repeat"], record["prompt_id"], record["config"], record["k"]))
+
+    run_bench(plan, tmp_path / "r.jsonl", progress=False, on_record=note)
+    p0, p1 = "two:line1", "two:line2"
+
+    def group(repeat: int, prompt: str, *configs: str) -> list[tuple[int, str, str, int]]:
+        return [(repeat, prompt, c, k) for c in configs for k in (0, 1)]
+
+    assert order == [
+        *group(0, p0, "close", "ngram"),
+        *group(0, p1, "ngram", "close"),  # rotated by the prompt
+        *group(1, p0, "ngram", "close"),  # and by the repeat
+        *group(1, p1, "close", "ngram"),
+    ]
+
+
+def test_interleaved_loads_identical_models_once_and_releases_each_once(
+    tmp_path: Path, prompt_file: Path
+) -> None:
+    plan = small_plan(
+        prompt_file,
+        configs=tuple(parse_config(c) for c in SHARING),
+        ks=(1,),
+        modes=("greedy",),
+        repeats=1,
+        interleave=True,
+    )
+    loader = CountingLoader()
+    run_bench(plan, tmp_path / "r.jsonl", progress=False, loader=loader)
+    target = ModelConfig("mock:target")
+    close = ModelConfig("mock:close")
+    # mock:target twice (the "self" configuration needs a second instance), mock:close once;
+    # block mode loads 2 + 1 + 2 + 2
+    assert loader.calls == Counter({target: 2, close: 1})
+    assert loader.closed == Counter(range(len(loader.loaded)))  # each released once
+
+    block = CountingLoader()
+    run_bench(replace(plan, interleave=False), tmp_path / "b.jsonl", progress=False, loader=block)
+    assert block.calls == Counter({target: 5, close: 2})
+
+    # released also when a run fails midway
+    failing = CountingLoader()
+    crash = crash_at(1, RuntimeError)
+    with pytest.raises(RuntimeError):
+        run_bench(plan, tmp_path / "f.jsonl", progress=False, loader=failing, on_record=crash)
+    assert failing.closed == Counter(range(len(failing.loaded))) and failing.loaded
+
+
+def test_interleaved_shared_model_never_reuses_another_configs_cache(
+    tmp_path: Path, prompt_file: Path
+) -> None:
+    # with reuse_prefix a run keeps the cached prefix it shares with its prompt; on a shared
+    # target the cache a configuration finds must be its own, so a configuration's first run
+    # after another configuration's prefills the whole prompt
+    plan = small_plan(
+        prompt_file, ks=(1, 2), modes=("greedy",), repeats=1, reuse_prefix=True, interleave=True
+    )
+    loader = CountingLoader()
+    seen: dict[str, Any] = {"processed": 0, "last": None, "checked": 0}
+
+    def check(record: dict[str, Any]) -> None:
+        target = loader.loaded[0]  # the shared target (load_pair loads it first)
+        delta = target.tokens_processed - seen["processed"]
+        seen["processed"] = target.tokens_processed
+        if record["type"] != "measurement":
+            return
+        if seen["last"] is not None and seen["last"] != record["config"]:
+            assert record["k"] == 0
+            # the whole prompt but its last token, then one token per plain step
+            assert delta == record["prompt_tokens"] - 1 + record["n_tokens"]
+            seen["checked"] += 1
+        seen["last"] = record["config"]
+
+    run_bench(plan, tmp_path / "r.jsonl", progress=False, loader=loader, on_record=check)
+    assert loader.calls[ModelConfig("mock:target")] == 1
+    assert seen["checked"] == 4  # one change of configuration per prompt (rotated order)
+
+
+@pytest.mark.parametrize("crash_after", [1, 7, 29])  # 7: mid-group, another config first
+def test_interleaved_resume_skips_done_measurements(
+    tmp_path: Path, prompt_file: Path, crash_after: int
+) -> None:
+    plan = small_plan(prompt_file, ks=(1, 2), interleave=True)
+    full = tmp_path / "full.jsonl"
+    run_bench(plan, full, progress=False)
+    want = tokens_by_key(full)
+
+    out = tmp_path / "crashed.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(plan, out, progress=False, on_record=crash_at(crash_after, KeyboardInterrupt))
+    outcome = run_bench(plan, out, resume=True, progress=False)
+    assert outcome.already_done == crash_after
+    assert outcome.measured == len(want) - crash_after
+    keys = [measurement_key(m) for m in measurement_records(out)]
+    assert Counter(keys).most_common(1)[0][1] == 1  # none duplicated
+    assert tokens_by_key(out) == want  # none lost, same outputs
+    assert_paired_with_own_plain(measurement_records(out))  # across the two sessions too
+    assert Counter(p["config"] for p in read_results(out).profiles) == Counter(["close", "ngram"])
+
+
+def test_interleave_is_recorded_in_the_header(tmp_path: Path, prompt_file: Path) -> None:
+    assert BenchPlan().to_dict()["interleave"] is False
+    out = tmp_path / "cli.jsonl"
+    args = ["bench", "--config", "draft=mock:close,target=mock:target", "--config"]
+    args += ["draft=ngram,target=mock:target", "--k", "1", "--prompts", str(prompt_file)]
+    args += ["--categories", "a", "--max-new-tokens", "4", "--profile-repeats", "1"]
+    args += ["--verify-max", "2", "--out", str(out), "--no-progress", "--interleave"]
+    assert main(args) == 0
+    res = read_results(out)
+    assert res.headers[0]["plan"]["interleave"] is True
+    assert len(res.measurements) == 2 * 2 * 2  # configs x prompts of category a x (plain + K)

@@ -50,6 +50,10 @@ class BenchPlan:
     verify_max: int = 16
     profile_context_tokens: int = 100
     warmup: bool = True
+    # load every configuration at once and run, for each repeat and prompt, every
+    # configuration's measurements of that prompt before the next prompt, in an order rotated
+    # per prompt (the runner module): slow drift then falls on all configurations alike
+    interleave: bool = False
 
     def __post_init__(self) -> None:
         if not self.configs:
@@ -91,6 +95,7 @@ class BenchPlan:
             "profile_repeats": self.profile_repeats,
             "verify_max": self.verify_max,
             "profile_context_tokens": self.profile_context_tokens,
+            "interleave": self.interleave,
         }
 
 

@@ -1,5 +1,12 @@
 """Run a bench plan: load each configuration once, profile it, measure, append each result.
 
+Block mode (the default) loads one configuration, runs all its measurements and releases it
+before the next. ``plan.interleave`` loads every configuration at once (configurations that
+name the same model with the same settings share one instance, see ``SharedModels``) and,
+for each repeat and prompt, runs every configuration's measurements of that prompt before the
+next prompt, the configuration order rotated by prompt and repeat: slow drift (thermal
+state, other load) then falls on all configurations alike instead of on whole blocks.
+
 Crash safety: every finished measurement is one fsynced JSON line, so an interruption loses
 at most the generation in progress; ``resume=True`` skips every measurement whose key
 (configuration, mode, prompt, repeat, K) is already in the file.
@@ -10,11 +17,12 @@ from __future__ import annotations
 import gc
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
@@ -33,7 +41,7 @@ from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.base import CausalLM
-from specdec.models.loader import load_model
+from specdec.models.loader import ModelConfig, load_model
 from specdec.pairs import (
     DraftRef,
     HybridRef,
@@ -214,7 +222,9 @@ class _Runner:
         if self.on_record is not None:
             self.on_record(record)
 
-    def load(self, cfg: BenchConfig) -> tuple[CausalLM, CausalLM | Drafter]:
+    def load(
+        self, cfg: BenchConfig, loader: Loader | None = None
+    ) -> tuple[CausalLM, CausalLM | Drafter]:
         """The pair; a planned drafter comes unplanned (its inner suffix drafter) and gets its
         planner once the configuration's profile has measured the verify curve."""
         self.bar.set_description_str(f"{cfg.label}: loading")
@@ -227,7 +237,10 @@ class _Runner:
             assert cfg.draft is not None
             ref = HybridRef(cfg.draft)
         draft, target = load_pair(
-            ref, cfg.target, loader=self.loader, draft_window=cfg.draft_window
+            ref,
+            cfg.target,
+            loader=self.loader if loader is None else loader,
+            draft_window=cfg.draft_window,
         )
         assert draft is not None, "a bench configuration always has a drafter"
         return target, draft
@@ -268,78 +281,208 @@ class _Runner:
                     self.skipped.add((cfg.label, p.id))
         return ids
 
+    def prepare(
+        self,
+        cfg: BenchConfig,
+        target: CausalLM,
+        draft: CausalLM | Drafter,
+        prompts: Sequence[Prompt],
+        t0: float,
+    ) -> _Prepared:
+        """A loaded pair made ready to measure: its prompts encoded (skips recorded), a
+        warm-up, its profile (measured and recorded when the file has none), and a planned
+        drafter given its planner."""
+        self.log(f"{cfg.label}: loaded in {time.perf_counter() - t0:.1f} s")
+        n_ctx = pair_context_limit(draft, target)
+        ids = self.encode(cfg, target, n_ctx, prompts)
+        if self.plan.warmup and ids:
+            self.bar.set_description_str(f"{cfg.label}: warm-up")
+            first = next(iter(ids.values()))
+            generate(target, draft, first, max_new_tokens=4, k=2, stop_on_eos=False)
+        profile = self.existing.profile_for(cfg.label)
+        if profile is None:
+            self.bar.set_description_str(f"{cfg.label}: profiling")
+            prof = profile_config(
+                cfg.label,
+                target,
+                # a windowed draft model's step is its model's step (c as without one)
+                draft.model if isinstance(draft, ModelDrafter) else draft,
+                context_tokens=self.plan.profile_context_tokens,
+                n_max=self.plan.verify_max,
+                repeats=self.plan.profile_repeats,
+            )
+            profile = {"type": "profile", "session": self.session, **prof.to_dict()}
+            self.write(profile)
+            self.log(
+                f"{cfg.label}: target step {prof.target_step_s * 1e3:.1f} ms, draft step "
+                f"{prof.draft_step_s * 1e3:.2f} ms (c = {prof.c:.3f}), verify(8)/verify(1) "
+                f"= {prof.verify_ratio[min(7, len(prof.verify_ratio) - 1)]:.2f}"
+            )
+        if is_planned(cfg.free):
+            assert isinstance(draft, SuffixDrafter)
+            draft = PlannedSuffixDrafter(draft, planner_costs(profile))
+        return _Prepared(cfg, target, draft, ids, profile)
+
+    def measure(self, p: _Prepared, m: Measurement) -> None:
+        """Run one measurement and append its record (a prompt the configuration skipped
+        only advances the bar)."""
+        if m.prompt.id not in p.ids:
+            self.bar.update(1)
+            return
+        self.bar.set_postfix_str(f"{m.mode} {m.prompt.id} r{m.repeat} K={m.k}")
+        res = generate(
+            p.target,
+            p.draft if m.k > 0 else None,
+            p.ids[m.prompt.id],
+            max_new_tokens=self.plan.max_new_tokens,
+            k=m.k,
+            sampling=MODES[m.mode],
+            seed=m.seed,
+            stop_on_eos=self.plan.stop_on_eos,
+            reuse_prefix=self.plan.reuse_prefix,
+        )
+        # a speculative run's speedup pairs with its own configuration's plain run
+        pkey = (m.config, m.mode, m.prompt.id, m.repeat)
+        rec = measurement_record(
+            m,
+            res,
+            session=self.session,
+            drafter_kind=p.cfg.drafter_kind,
+            max_new_tokens=self.plan.max_new_tokens,
+            plain_tps=self.plain_tps.get(pkey),
+            profile=p.profile,
+        )
+        if m.k == 0:
+            self.plain_tps[pkey] = res.tokens_per_second
+        self.write(rec)
+        self.done.add(m.key)
+        self.outcome.measured += 1
+        self.bar.update(1)
+
     def run_config(
         self, cfg: BenchConfig, todo: list[Measurement], prompts: Sequence[Prompt]
     ) -> None:
+        """Block mode: load one configuration, run all its measurements, release it."""
         t0 = time.perf_counter()
         target, draft = self.load(cfg)
         try:
-            self.log(f"{cfg.label}: loaded in {time.perf_counter() - t0:.1f} s")
-            n_ctx = pair_context_limit(draft, target)
-            ids = self.encode(cfg, target, n_ctx, prompts)
-            if self.plan.warmup and ids:
-                self.bar.set_description_str(f"{cfg.label}: warm-up")
-                first = next(iter(ids.values()))
-                generate(target, draft, first, max_new_tokens=4, k=2, stop_on_eos=False)
-            profile = self.existing.profile_for(cfg.label)
-            if profile is None:
-                self.bar.set_description_str(f"{cfg.label}: profiling")
-                prof = profile_config(
-                    cfg.label,
-                    target,
-                    # a windowed draft model's step is its model's step (c as without one)
-                    draft.model if isinstance(draft, ModelDrafter) else draft,
-                    context_tokens=self.plan.profile_context_tokens,
-                    n_max=self.plan.verify_max,
-                    repeats=self.plan.profile_repeats,
-                )
-                profile = {"type": "profile", "session": self.session, **prof.to_dict()}
-                self.write(profile)
-                self.log(
-                    f"{cfg.label}: target step {prof.target_step_s * 1e3:.1f} ms, draft step "
-                    f"{prof.draft_step_s * 1e3:.2f} ms (c = {prof.c:.3f}), verify(8)/verify(1) "
-                    f"= {prof.verify_ratio[min(7, len(prof.verify_ratio) - 1)]:.2f}"
-                )
-            if is_planned(cfg.free):
-                assert isinstance(draft, SuffixDrafter)
-                draft = PlannedSuffixDrafter(draft, planner_costs(profile))
+            prepared = self.prepare(cfg, target, draft, prompts, t0)
             self.bar.set_description_str(cfg.label)
             for m in todo:
-                if m.prompt.id not in ids:
-                    self.bar.update(1)
-                    continue
-                self.bar.set_postfix_str(f"{m.mode} {m.prompt.id} r{m.repeat} K={m.k}")
-                res = generate(
-                    target,
-                    draft if m.k > 0 else None,
-                    ids[m.prompt.id],
-                    max_new_tokens=self.plan.max_new_tokens,
-                    k=m.k,
-                    sampling=MODES[m.mode],
-                    seed=m.seed,
-                    stop_on_eos=self.plan.stop_on_eos,
-                    reuse_prefix=self.plan.reuse_prefix,
-                )
-                pkey = (m.config, m.mode, m.prompt.id, m.repeat)
-                rec = measurement_record(
-                    m,
-                    res,
-                    session=self.session,
-                    drafter_kind=cfg.drafter_kind,
-                    max_new_tokens=self.plan.max_new_tokens,
-                    plain_tps=self.plain_tps.get(pkey),
-                    profile=profile,
-                )
-                if m.k == 0:
-                    self.plain_tps[pkey] = res.tokens_per_second
-                self.write(rec)
-                self.done.add(m.key)
-                self.outcome.measured += 1
-                self.bar.update(1)
+                self.measure(prepared, m)
         finally:
             release(draft, target)
             del target, draft
             gc.collect()
+
+    def run_interleaved(
+        self, work: Sequence[tuple[BenchConfig, list[Measurement]]], prompts: Sequence[Prompt]
+    ) -> None:
+        """Interleaved mode: load every configuration at once (identical model configs share
+        one instance), then for each repeat and prompt run every configuration's measurements
+        of that prompt, the configuration order rotated by prompt and repeat."""
+        models = SharedModels(self.loader)
+        try:
+            ready: list[tuple[_Prepared, dict[tuple[int, str], list[Measurement]]]] = []
+            for cfg, todo in work:
+                t0 = time.perf_counter()
+                target, draft = self.load(cfg, models.loader_for(cfg.label))
+                models.claim(cfg.label)
+                groups: dict[tuple[int, str], list[Measurement]] = {}
+                for m in todo:
+                    groups.setdefault((m.repeat, m.prompt.id), []).append(m)
+                ready.append((self.prepare(cfg, target, draft, prompts, t0), groups))
+                del target, draft
+            for repeat in range(self.plan.repeats):
+                for i, prompt in enumerate(prompts):
+                    for prepared, groups in rotated(ready, i + repeat):
+                        group = groups.get((repeat, prompt.id), [])
+                        if not group:
+                            continue
+                        models.claim(prepared.cfg.label)
+                        self.bar.set_description_str(prepared.cfg.label)
+                        for m in group:
+                            self.measure(prepared, m)
+        finally:
+            ready = []
+            models.release()
+            gc.collect()
+
+
+@dataclass
+class _Prepared:
+    """One configuration ready to measure."""
+
+    cfg: BenchConfig
+    target: CausalLM
+    draft: CausalLM | Drafter
+    ids: dict[str, list[int]]  # encoded prompts (skipped ones absent)
+    profile: dict[str, Any]
+
+
+_T = TypeVar("_T")
+
+
+def rotated(items: Sequence[_T], shift: int) -> list[_T]:
+    """``items`` rotated left by ``shift`` (modulo their number)."""
+    if not items:
+        return []
+    s = shift % len(items)
+    return [*items[s:], *items[:s]]
+
+
+class SharedModels:
+    """The models of an interleaved run: each configuration loads through ``loader_for``,
+    which returns one instance for every configuration asking for an identical
+    ``ModelConfig`` (the n-th request of one configuration for a given ModelConfig shares
+    with the n-th request of the others, so a configuration whose draft and target are the
+    same model still gets two instances, with caches of their own).
+
+    Generation leaves its caches to the next generation, which prefills its own prompt (or,
+    with reuse_prefix, keeps only the cached prefix it shares with its prompt, read from
+    the cache itself), so a shared model cannot carry wrong state into another
+    configuration's run. ``claim`` still empties a shared model's cache when another
+    configuration used it last, so that a configuration never reuses a prefix another
+    configuration cached (its prefill then costs what it costs in block mode)."""
+
+    def __init__(self, loader: Loader) -> None:
+        self._loader = loader
+        self._by_config: dict[tuple[ModelConfig, int], CausalLM] = {}
+        self._models: list[CausalLM] = []  # distinct, in load order
+        self._used_by: dict[str, list[CausalLM]] = {}
+        self._last_user: dict[int, str] = {}  # id(model) -> configuration label
+
+    def loader_for(self, label: str) -> Loader:
+        seen: Counter[ModelConfig] = Counter()
+        used = self._used_by.setdefault(label, [])
+
+        def load(mc: ModelConfig) -> CausalLM:
+            key = (mc, seen[mc])
+            seen[mc] += 1
+            lm = self._by_config.get(key)
+            if lm is None:
+                lm = self._by_config[key] = self._loader(mc)
+                self._models.append(lm)
+            used.append(lm)
+            return lm
+
+        return load
+
+    def claim(self, label: str) -> None:
+        """Before ``label`` runs: empty the cache of each of its models that another
+        configuration used last."""
+        for lm in self._used_by.get(label, []):
+            last = self._last_user.get(id(lm))
+            if last is not None and last != label and lm.n_cached:
+                lm.truncate(0)
+            self._last_user[id(lm)] = label
+
+    def release(self) -> None:
+        """Release every distinct model once."""
+        models, self._models = self._models, []
+        self._by_config.clear()
+        self._used_by.clear()
+        release(*models)
 
 
 def planner_costs(profile: dict[str, Any]) -> Costs:
@@ -390,9 +533,15 @@ def run_bench(
         ) as bar:
             say: Log = log if log is not None else (lambda msg: None)
             runner = _Runner(plan, writer, existing, session, loader, bar, say, on_record, outcome)
+            work = []
             for cfg, todo in todo_by_cfg:
                 if not todo and existing.profile_for(cfg.label) is not None:
                     say(f"{cfg.label}: every measurement is already recorded")
                     continue
-                runner.run_config(cfg, todo, prompts)
+                work.append((cfg, todo))
+            if plan.interleave:
+                runner.run_interleaved(work, prompts)
+            else:
+                for cfg, todo in work:
+                    runner.run_config(cfg, todo, prompts)
     return outcome

@@ -90,6 +90,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "speeds still compare, TTFT and end-to-end times do not)",
     )
     p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="load every configuration at once and, for each repeat and prompt, run every "
+        "configuration's measurements of that prompt before the next prompt, with the "
+        "configuration order rotated per prompt, so that slow drift (thermal state, other "
+        "load) falls on all configurations alike instead of on whole blocks; needs memory for "
+        "all models at once (configurations naming the same model with the same settings "
+        "share one loaded instance)",
+    )
+    p.add_argument(
         "--threads", type=int, metavar="N", help="CPU threads for every model (backend default)"
     )
     p.add_argument("--profile-repeats", type=int, metavar="R", help="profiler repeats (3)")
@@ -191,6 +201,8 @@ def build_plan(args: argparse.Namespace) -> BenchPlan:
         changes["stop_on_eos"] = False
     if args.reuse_prefix:
         changes["reuse_prefix"] = True
+    if args.interleave:
+        changes["interleave"] = True
     return replace(plan, **changes)
 
 
