@@ -30,20 +30,40 @@ from pathlib import Path
 
 
 def llama_cpp_own(llm, prompt_ids: list[int], n_new: int) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
-    """(prefill seconds, decode seconds, tokens) of llama-cpp-python's own greedy loop."""
+    """(prefill seconds, decode seconds, tokens) of llama-cpp-python's own greedy loop
+    (``create_completion``, streamed, as a user calls it).
+
+    Tokens are timed where llama-cpp-python samples them (its ``stopping_criteria`` hook is
+    called once per sampled token, the end-of-generation token included, with the ids up to
+    that token; ``create_completion`` calls it once more after its loop with the same ids as
+    the last token's call, which is not a token and is dropped), not by counting streamed
+    chunks: the stream ends with an extra chunk that carries no token (the finish
+    reason), and it holds back tokens that end in an incomplete UTF-8 character, so chunk
+    counts credited the loop with one token more than its passes on every full-length run
+    (64 tokens counted for 63 passes). The decode window runs from the first sampled token
+    to the last, the same window as ``specdec_run``'s: one pass per token after the first."""
+    import llama_cpp
+
     llm.reset()
+    first_seen: dict[int, float] = {}  # ids length at the call -> its first time
+
+    def at_each_token(ids, _logits) -> bool:  # type: ignore[no-untyped-def]
+        first_seen.setdefault(len(ids), time.perf_counter())
+        return False
+
     t0 = time.perf_counter()
-    t_first = None
-    n = 0
     for _ in llm.create_completion(
-        prompt_ids, max_tokens=n_new, temperature=0.0, top_k=1, stream=True
+        prompt_ids,
+        max_tokens=n_new,
+        temperature=0.0,
+        top_k=1,
+        stream=True,
+        stopping_criteria=llama_cpp.StoppingCriteriaList([at_each_token]),
     ):
-        n += 1
-        if t_first is None:
-            t_first = time.perf_counter()
-    t_end = time.perf_counter()
-    assert t_first is not None
-    return t_first - t0, t_end - t_first, n - 1  # decode rate from the 2nd token on
+        pass
+    stamps = sorted(first_seen.values())
+    assert stamps, "llama-cpp-python sampled no token"
+    return stamps[0] - t0, stamps[-1] - stamps[0], len(stamps) - 1
 
 
 def llama_cpp_shared(ours, prompt_ids: list[int], n_new: int) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
