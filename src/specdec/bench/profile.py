@@ -196,7 +196,7 @@ class ConfigProfile:
     verify_ratio: list[float] = field(default_factory=list)  # verify(n) / verify(1)
     target_step_s: float = float("nan")
     draft_step_s: float = float("nan")
-    draft_kind: str = "model"  # "model" | "ngram"
+    draft_kind: str = "model"  # "model" | "model_free" (n-gram, suffix, planned: a lookup)
     c: float = float("nan")  # measured draft step / target step
     target_params: int | None = None
     draft_params: int | None = None
@@ -234,7 +234,7 @@ def profile_config(
         prof.draft_params = param_count(draft)
         prof.c_flops = flops_cost_ratio(prof.draft_params, prof.target_params)
     else:
-        prof.draft_kind = "ngram"
+        prof.draft_kind = "model_free"
         prof.draft_step_s = drafter_latency(draft, ctx, repeats, clock=clock)
     if prof.target_step_s > 0:
         prof.c = prof.draft_step_s / prof.target_step_s
