@@ -170,8 +170,17 @@ def test_the_report_shows_the_baseline_table_only_with_a_llamacpp_baseline(
     report = write_report(write("llamacpp"), tmp_path / "r1").read_text()
     assert "## Against plain llama.cpp on the same file" in report
     assert "1.20x" in report
+    assert "one after another (blocks)" in report and "ran interleaved" not in report
     report = write_report(write("hf"), tmp_path / "r2").read_text()
     assert "Against plain llama.cpp" not in report
+    # an interleaved file says that its pooled plain runs are the steadier baseline
+    inter = write("llamacpp")
+    lines = inter.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["plan"]["interleave"] = True
+    inter.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    report = write_report(inter, tmp_path / "r3").read_text()
+    assert "ran interleaved" in report and "(blocks)" not in report
 
 
 def _tiny_plan(f: Path, *configs: BenchConfig, **kw: Any) -> BenchPlan:

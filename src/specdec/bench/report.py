@@ -476,6 +476,26 @@ def _ttft_section(data: ReportData) -> list[str]:
     )
 
 
+def _design_note(headers: Sequence[dict[str, Any]]) -> str:
+    """Which plain baseline the run's design makes the better one."""
+    modes = {bool(h.get("plan", {}).get("interleave", False)) for h in headers}
+    if modes == {True}:
+        return (
+            "This file ran interleaved (`--interleave`): the configurations shared one target "
+            "instance and took turns on each prompt, so every plain run here is the same "
+            "computation at nearly the same time, and the median of them is a steadier "
+            "baseline than a configuration's own single plain run (the Summary's pairing)."
+        )
+    if modes == {False}:
+        return (
+            "This file ran the configurations one after another (blocks): drift between "
+            "blocks falls on whole configurations and on their plain runs alike, so the "
+            "Summary's pairing with each configuration's own plain runs is the fairer "
+            "comparison; `--interleave` removes the drift between configurations."
+        )
+    return "This file mixes interleaved and block sessions: compare with care."
+
+
 def _baseline_section(data: ReportData) -> list[str]:
     """Every configuration and K against plain llama.cpp on the same file, per category:
     what a user would otherwise run (the fastest plain decoder measured here)."""
@@ -496,6 +516,8 @@ def _baseline_section(data: ReportData) -> list[str]:
         "category, and over all prompts with a 95 % bootstrap CI over prompts. The last column "
         "is the same for end-to-end time (prefill included). Above 1.00x: faster than plain "
         "llama.cpp.",
+        "",
+        _design_note(data.results.headers),
         "",
     ]
     rows = []
