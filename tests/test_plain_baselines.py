@@ -32,9 +32,8 @@ def test_both_loops_count_one_token_per_pass_after_the_first(smol: Path) -> None
     )
     # a prompt that keeps the model talking past n_new tokens (a full-length run)
     ids = ours.tokenizer.encode("One, two, three, four, five, six, seven, eight, nine,")
-    _, decode_b, tokens_b = specdec_run(ours, None, ids, n_new, 0)
-    _, decode_a, tokens_a = llama_cpp_own(own, ids, n_new)
+    _, _, tokens_b = specdec_run(ours, None, ids, n_new, 0)
+    _, _, tokens_a = llama_cpp_own(own, ids, n_new)
     # n_new tokens: the first comes with the prefill, the other n_new - 1 take one pass each
     assert tokens_b == n_new - 1
     assert tokens_a == n_new - 1
-    assert decode_a > 0 and decode_b > 0

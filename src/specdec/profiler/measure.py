@@ -16,7 +16,7 @@ from specdec.decoding import generate
 from specdec.drafters.base import Drafter
 from specdec.models.base import CausalLM, extend_last
 from specdec.models.vocab import fit_logits
-from specdec.profiler.predict import Costs, ProbeSequence, pass_ceiling_tps, runs_from_matches
+from specdec.profiler.predict import Costs, ProbeSequence, runs_from_matches
 from specdec.rejection import accept_reject
 from specdec.sampling import GREEDY, logits_to_probs, make_generator
 from specdec.timing import Stopwatch
@@ -105,18 +105,17 @@ def target_costs(
 CEILING_NS = (1, 2, 4, 8, 16)
 
 
-def throughput_ceiling(
+def ceiling_passes(
     target: CausalLM, n_max: int, *, context_tokens: int = 100, repeats: int = 1
-) -> tuple[float, list[tuple[int, float]]]:
-    """``predict.pass_ceiling_tps`` on this target: the tokens per second that no drafter can
-    beat on it, from a few timed passes up to ``n_max`` rows (a round's largest), and the
-    passes it used [(n, seconds)]. A few seconds where ``target_costs`` takes minutes."""
+) -> list[tuple[int, float]]:
+    """A few timed passes of this target [(rows, seconds)], from 1 up to ``n_max`` rows (a
+    round's largest): enough for ``predict.pass_ceiling_tps``, the tokens per second no
+    drafter can beat on it. A few seconds where ``target_costs`` takes minutes."""
     ctx = profile_context(target, context_tokens)
     ns = sorted({n for n in CEILING_NS if n < n_max} | {n_max})
     times = verify_times(target, ctx, n_max, repeats, ns=ns)
     _reset(target)
-    points = [(n, times[n - 1]) for n in ns]
-    return pass_ceiling_tps(points), points
+    return [(n, times[n - 1]) for n in ns]
 
 
 def with_model_draft(costs: Costs, draft: CausalLM, *, context_tokens: int = 100) -> Costs:

@@ -46,17 +46,17 @@ from specdec.profiler.decide import (
 )
 from specdec.profiler.measure import (
     calibrated,
+    ceiling_passes,
     greedy_run,
     model_draft_probe,
     model_free_probe,
     round_walk_probe,
     target_costs,
-    throughput_ceiling,
     with_model_draft,
     with_model_free_draft,
     with_prefill_from,
 )
-from specdec.profiler.predict import Prediction, ProbeSequence, predict
+from specdec.profiler.predict import Prediction, ProbeSequence, pass_ceiling_tps, predict
 from specdec.prompting import encode_prompt
 from specdec.theory import Costs
 
@@ -235,7 +235,7 @@ def _measure(
         log(f"profile: loading the target on {backend}")
         lm = loader(spec.model_config(spec.target, backend))
         loaded.append(lm)
-        why = _hopeless(backend, lm, costs, n_pass) if costs else None
+        why = skip_reason(backend, ceiling_passes(lm, n_pass), costs) if costs else None
         if why is not None:
             log(f"profile: {backend}: {why}")
             skipped[backend] = why
@@ -364,14 +364,17 @@ def _measure(
     return result
 
 
-def _hopeless(backend: str, target: CausalLM, costs: dict[str, Costs], n_pass: int) -> str | None:
-    """Why profiling ``backend`` further cannot change the ranking (None when it can): even
-    with free drafts that are all accepted, its passes of up to ``n_pass`` rows yield fewer
-    tokens per second than plain decoding on a backend measured already. Saves minutes where
-    one backend is many times slower (transformers in fp32 next to llama.cpp on a CPU)."""
+def skip_reason(
+    backend: str, points: Sequence[tuple[int, float]], costs: dict[str, Costs]
+) -> str | None:
+    """Why profiling ``backend`` further cannot change the ranking (None when it can): with
+    its passes timed at ``points`` [(rows, seconds)] up to a round's largest, even free drafts
+    that are all accepted yield fewer tokens per second (``pass_ceiling_tps``) than plain
+    decoding on a backend in ``costs`` (measured already). Saves minutes where one backend
+    is many times slower (transformers in fp32 next to llama.cpp on a CPU)."""
     best = min(costs, key=lambda b: costs[b].step_s)
     plain_tps = 1.0 / costs[best].step_s
-    ceiling, points = throughput_ceiling(target, n_pass)
+    ceiling = pass_ceiling_tps(points)
     if ceiling >= plain_tps:
         return None
     shown = ", ".join(f"{n}: {s:.2f} s" for n, s in points)
