@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from planner_replay import load_curve
 
 from specdec.theory import draft_model_ceiling
 
@@ -40,19 +41,12 @@ REPLAY_N = 16  # the replay's and the default's cap: K <= 15 drafts, K + 1 <= 16
 
 def curve_ratios(path: Path, setting: str = "default") -> tuple[list[int], list[float]]:
     """(measured n, ratios): ratios[n - 1] = verify(n) / verify(1) for n = 1 .. the largest
-    measured n, from the medians, linear between measured n."""
-    samples = json.loads(path.read_text())["settings"][setting]["samples_s"]
-    ns = sorted(int(n) for n in samples)
+    measured n, from the medians, linear between measured n (``planner_replay.load_curve``)."""
+    ns = sorted(int(n) for n in json.loads(path.read_text())["settings"][setting]["samples_s"])
     if ns[0] != 1:
         raise ValueError(f"{path}: the curve needs n = 1, got n from {ns[0]}")
-    med = {n: statistics.median(samples[str(n)]) for n in ns}
-    out = []
-    for n in range(1, ns[-1] + 1):
-        lo = max(m for m in ns if m <= n)
-        hi = min(m for m in ns if m >= n)
-        w = 0.0 if hi == lo else (n - lo) / (hi - lo)
-        out.append((med[lo] + w * (med[hi] - med[lo])) / med[1])
-    return ns, out
+    seconds = load_curve(path, setting, n_max=ns[-1])
+    return ns, [s / seconds[0] for s in seconds]
 
 
 def break_even_c(ratios: Sequence[float], iterations: int = 60) -> float | None:

@@ -61,9 +61,10 @@ def load_traces(path: Path) -> list[Trace]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def load_curve(path: Path, setting: str = "default") -> tuple[float, ...]:
-    """verify seconds for n = 1..16 from a verify-curve file (benchmarks/verify_curve.py,
-    medians, linear between measured n) or a cached profile's ``costs``."""
+def load_curve(path: Path, setting: str = "default", n_max: int = 16) -> tuple[float, ...]:
+    """verify seconds for n = 1..n_max from a verify-curve file (benchmarks/verify_curve.py,
+    medians, linear between measured n, the last one held beyond) or a cached profile's
+    ``costs``."""
     data = json.loads(path.read_text())
     if "costs" in data:
         return tuple(float(x) for x in data["costs"]["verify_s"])
@@ -71,7 +72,7 @@ def load_curve(path: Path, setting: str = "default") -> tuple[float, ...]:
     ns = sorted(int(n) for n in samples)
     med = {n: statistics.median(samples[str(n)]) for n in ns}
     out = []
-    for n in range(1, 17):
+    for n in range(1, n_max + 1):
         lo = max(m for m in ns if m <= n)
         hi = min((m for m in ns if m >= n), default=lo)
         w = 0.0 if hi == lo else (n - lo) / (hi - lo)

@@ -152,7 +152,7 @@ def draft_model_ceiling(c: float, verify_ratio: Sequence[float]) -> tuple[int, f
         raise ValueError(f"verify_ratio[0] is verify(1) / verify(1) = 1, got {v[0]}")
     best, best_val = 0, -math.inf
     for k in range(1, len(v)):
-        val = (k + 1) / (k * c + v[k])  # v[k] = verify(K + 1) / verify(1)
+        val = (k + 1) / round_cost(k, c, v)  # K c + verify(K + 1) / verify(1)
         if val > best_val:
             best, best_val = k, val
     return best, best_val
