@@ -5,6 +5,7 @@ output distribution under ProfileK."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -375,3 +376,18 @@ def test_prefill_throughput_from_the_probe_prompts_own_prefills() -> None:
     assert got.verify_s == base.verify_s  # nothing else changes
     with pytest.raises(ValueError):
         with_prefill_from(base, [100], [0.0])
+
+
+@pytest.mark.parametrize("prompt", ["a", "The quick brown fox jumps over the lazy dog. " * 4])
+def test_probe_prompts_too_short_to_time_fall_back_to_a_prefill_pass(
+    prompt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(profiler_run, "prefill_throughput", lambda _lm: 123.0)
+    spec = replace(MOCK_SPEC, drafts=("ngram",), n_new=8, chat=False)
+    result = run_profile(spec, [prompt])
+    tps = result.costs["plain mock"]["prefill_tps"]
+    if len(prompt) < 10:  # a one-token prefill: the dedicated pass
+        assert tps == 123.0
+    else:  # the probe's own prefill of dozens of tokens
+        assert tps != 123.0 and math.isfinite(tps) and tps > 0

@@ -50,6 +50,7 @@ from specdec.profiler.measure import (
     greedy_run,
     model_draft_probe,
     model_free_probe,
+    prefill_throughput,
     round_walk_probe,
     target_costs,
     with_model_draft,
@@ -61,6 +62,10 @@ from specdec.prompting import encode_prompt
 from specdec.theory import Costs
 
 Log = Callable[[str], None]
+
+# the fewest prompt tokens the probe must prefill for its own prefill time to give the
+# throughput (below it, e.g. one-token prompts, a dedicated 256-token pass does)
+MIN_TIMED_PREFILL = 32
 
 
 @dataclass(frozen=True)
@@ -255,9 +260,13 @@ def _measure(
     runs = [greedy_run(first, p, spec.n_new) for p in ids]
     conts = [toks for toks, _, _ in runs]
     first_backend = spec.target_backends[0]
-    costs[first_backend] = with_prefill_from(
-        costs[first_backend], [len(i) - 1 for i in ids], [p for _, _, p in runs]
-    )
+    prefilled = [len(i) - 1 for i in ids]
+    if sum(prefilled) >= MIN_TIMED_PREFILL:
+        costs[first_backend] = with_prefill_from(
+            costs[first_backend], prefilled, [p for _, _, p in runs]
+        )
+    else:  # probe prompts too short to time a prefill on: a dedicated pass
+        costs[first_backend] = replace(costs[first_backend], prefill_tps=prefill_throughput(first))
     # the curve's level from the real decoding steps of these runs (see ``calibrated``)
     n_steps = sum(len(t) for t in conts)
     if n_steps:
