@@ -231,6 +231,9 @@ def main() -> int:
     policies: dict[str, Callable[[Trace], float]] = {
         **{f"suffix K={k}": walk(suffix, k) for k in (1, 2, 3, 4, 8)},
         "planned K=16": walk(lambda: PlannedSuffixDrafter(suffix(), believed), 16),
+        "planned, long": walk(  # exploring drafts as long as optimism says (before 11-30)
+            lambda: PlannedSuffixDrafter(suffix(), believed, explore_len=None), 16
+        ),
         "oracle K=16": lambda tr: oracle_seconds(tr, costs, K_CAP),
         "tree-oracle": lambda tr: tree_oracle_seconds(tr, costs, K_CAP),  # K = 16 too
     }

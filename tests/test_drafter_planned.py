@@ -17,6 +17,8 @@ from seq_dist import first_tokens_pvalue
 from specdec.decoding import GenerationResult, generate
 from specdec.drafters.planned import (
     BUCKETS,
+    EXPLORE_LEN,
+    EXPLORE_TRIALS,
     MatchPlanner,
     PlannedSuffixDrafter,
     Rate,
@@ -90,6 +92,45 @@ def test_the_planner_learns_that_a_bucket_pays_or_does_not() -> None:
     assert good.length(3, 8) >= 4
     assert bad.length(3, 8) == 0
     assert good.length(0, 8) == 0 and good.length(3, 0) == 0
+
+
+def test_a_draft_only_optimism_justifies_is_short() -> None:
+    """A fresh bucket whose prior mean does not pay for a draft on this machine's curve
+    (3-token matches: first token 0.4) but whose optimistic rate does explores with one
+    token; without the cap (explore_len=None) it drafts three, and a rejected three-token
+    draft costs v(4) - v(1) = 1.34 steps instead of v(2) - v(1) = 0.54."""
+    assert best_length(Rate(0.4).mean, 0.75, 16, LLAMACPP_HERE) == 0
+    assert MatchPlanner(LLAMACPP_HERE).length(3, 16) == EXPLORE_LEN == 1
+    assert MatchPlanner(LLAMACPP_HERE, None).length(3, 16) == 3
+    # a bucket whose prior mean already pays (8-token matches) drafts its length either way
+    assert MatchPlanner(LLAMACPP_HERE).length(8, 16) == 3
+    assert MatchPlanner(LLAMACPP_HERE, None).length(8, 16) == 3
+    # after EXPLORE_TRIALS trials the mean decides, with no cap: a bucket that kept every
+    # first token drafts long
+    p = MatchPlanner(LLAMACPP_HERE)
+    for _ in range(EXPLORE_TRIALS):
+        p.observe(3, 1, 1)
+    assert p.length(3, 16) >= 3
+
+
+def test_exploring_where_nothing_is_kept_costs_at_most_the_cap() -> None:
+    """Every draft rejected at its first token: the capped planner drafts at most one token
+    per exploring round and stops once the mean decides; uncapped it drafts more."""
+
+    def drafted_when_all_rejected(planner: MatchPlanner) -> int:
+        total = 0
+        for _ in range(20):
+            for m in (2, 3, 4):  # the buckets whose prior mean does not pay here
+                n = planner.length(m, 16)
+                planner.observe(m, n, 0)
+                total += n
+        return total
+
+    capped = drafted_when_all_rejected(MatchPlanner(LLAMACPP_HERE))
+    assert capped <= 3 * EXPLORE_TRIALS
+    assert drafted_when_all_rejected(MatchPlanner(LLAMACPP_HERE, None)) > capped
+    with pytest.raises(ConfigError, match="explore_len"):
+        PlannedSuffixDrafter(SuffixDrafter(SuffixOptions()), FLAT, explore_len=0)
 
 
 def test_observe_counts_only_the_tested_positions() -> None:

@@ -21,7 +21,7 @@ from specdec.profiler.measure import PROFILE_NS, target_costs
 from specdec.theory import Costs
 
 N_MAX = 12  # verify passes up to this many tokens (longer ones are extrapolated)
-REPEATS = 2
+REPEATS = 5  # medians of 5: two passes per n let one slow pass skew the curve (1.97x for verify(2) once)
 
 Log = Callable[[str], None]
 
