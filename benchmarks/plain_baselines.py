@@ -8,8 +8,10 @@
      memory (two instances of one GGUF can differ by a few per cent on this machine, which
      is not the loop's doing)
   C  optional: specdec with drafters on the same backend (``--draft``, repeatable: ngram,
-     suffix, hybrid:MODEL, a draft model), and with ``--pad-to N`` the same drafters on a
-     backend instance whose verify passes are padded to N rows
+     suffix, hybrid:MODEL, a draft model, or ``auto``: per prompt, what ``specdec generate
+     --auto`` runs, the cached profile's choice for that prompt's length, with its costs and
+     K, plain decoding where it chooses plain), and with ``--pad-to N`` the same drafters on
+     a backend instance whose verify passes are padded to N rows
 
 Per prompt and repeat each decoder runs once, in a rotating order, so slow drift hits them
 alike; the script prints decode tokens/s, prefill seconds and the ratios B/A (and C/A) per
@@ -77,7 +79,7 @@ def llama_cpp_shared(ours, prompt_ids: list[int], n_new: int) -> tuple[float, fl
 
 
 def specdec_run(
-    target, draft, prompt_ids: list[int], n_new: int, k: int
+    target, draft, prompt_ids: list[int], n_new: int, k
 ) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
     from specdec.decoding import generate
 
@@ -129,6 +131,30 @@ def main() -> int:
     from specdec.pairs import HYBRID_PREFIX, HybridRef, is_model_free, is_planned, load_pair
     from specdec.profiler.target_costs import cached_target_costs
 
+    def auto_run(target, prompt_ids: list[int]) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+        """What ``generate --auto`` runs for this prompt (no profiling here: a cached one)."""
+        from specdec.profiler.auto import machine_default
+
+        choice = machine_default(  # generate's defaults: the profile `specdec profile` caches
+            args.model,
+            target_backend="auto",
+            draft_backend="auto",
+            n_ctx=4096,
+            n_threads=None,
+            prompt_tokens=len(prompt_ids),
+            new_tokens=args.new_tokens,
+        )
+        assert choice.target_backend == "llamacpp", choice
+        assert "no profile" not in choice.reason, "profile the target first: specdec profile"
+        if not choice.speculative:
+            return specdec_run(target, None, prompt_ids, args.new_tokens, 0)
+        assert is_planned(choice.draft_ref), f"auto chose {choice.draft_ref}"
+        costs = choice.costs_or(lambda _c, _t: cached_target_costs(cfg_for_costs, target))
+        d = PlannedSuffixDrafter(parse_drafter(choice.draft_ref), costs(None, target))
+        return specdec_run(target, d, prompt_ids, args.new_tokens, choice.policy())
+
+    cfg_for_costs = ModelConfig(args.model, "llamacpp", n_threads=args.threads)
+
     def drafter_for(ref: str, target):  # type: ignore[no-untyped-def]
         if is_planned(ref):  # the target's costs, measured once and cached as generate does
             cfg = ModelConfig(args.model, "llamacpp", n_threads=args.threads)
@@ -165,6 +191,9 @@ def main() -> int:
             ours, p, args.new_tokens
         )
     for ref in args.draft:
+        if ref == "auto":
+            runners["auto"] = lambda p: auto_run(ours, p)
+            continue
         for target, tag in ((ours, ""), (padded, f"+pad{args.pad_to}")):
             if target is None:
                 continue
