@@ -78,9 +78,7 @@ def llama_cpp_shared(ours, prompt_ids: list[int], n_new: int) -> tuple[float, fl
     return out
 
 
-def specdec_run(
-    target, draft, prompt_ids: list[int], n_new: int, k
-) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+def specdec_run(target, draft, prompt_ids: list[int], n_new: int, k) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
     from specdec.decoding import generate
 
     res = generate(target, draft, prompt_ids, max_new_tokens=n_new, k=k, reuse_prefix=False)

@@ -21,7 +21,8 @@ from specdec.profiler.measure import PROFILE_NS, target_costs
 from specdec.theory import Costs
 
 N_MAX = 12  # verify passes up to this many tokens (longer ones are extrapolated)
-REPEATS = 5  # medians of 5: two passes per n let one slow pass skew the curve (1.97x for verify(2) once)
+# medians of 5 passes per n: with 2, one slow pass skewed a cached curve (verify(2) at 1.97x)
+REPEATS = 5
 
 Log = Callable[[str], None]
 
