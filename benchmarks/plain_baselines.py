@@ -87,6 +87,93 @@ def specdec_run(target, draft, prompt_ids: list[int], n_new: int, k) -> tuple[fl
     return res.t_prefill + first, decode, len(res.tokens) - res.rounds[0].n_emitted
 
 
+Rows = dict[str, dict[str, list[tuple[float, float, int]]]]  # prompt -> decoder -> runs
+
+
+def gmean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def report(rows: Rows, categories: dict[str, str], prompt_tokens: dict[str, int]) -> None:
+    """Print the per-prompt table, the geometric means, the per-category means and the end
+    to end ratios (every ratio against the first decoder, llama-cpp-python's own loop)."""
+    pids = list(rows)
+    names = list(rows[pids[0]])
+    base = names[0]
+    print(f"{'prompt':28} {'tokens in':>9} " + " ".join(f"{n[:22]:>24}" for n in names))
+    print(f"(decode tokens/s after the first token; ratios against {names[0]})")
+    ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
+    for pid in pids:
+        tps = {n: statistics.median(t / d for _, d, t in rows[pid][n] if d > 0) for n in names}
+        cells = [f"{tps[base]:7.2f} tok/s"]
+        for n in names[1:]:
+            ratios[n].append(tps[n] / tps[base])
+            cells.append(f"{tps[n]:7.2f} ({tps[n] / tps[base]:.3f}x)")
+        print(f"{pid[:28]:28} {prompt_tokens[pid]:>9} " + " ".join(f"{c:>24}" for c in cells))
+    for n, r in ratios.items():
+        print(f"geometric mean, {n} / {base}: {gmean(r):.3f}x (decode tokens/s)")
+    pairs = [(n, base, ratios[n]) for n in names[1:]]
+    if "specdec plain" in ratios:  # the drafters against specdec's own plain loop too
+        plain = ratios["specdec plain"]
+        for n in names[1:]:
+            if n != "specdec plain":
+                pairs.append(
+                    (n, "specdec plain", [a / b for a, b in zip(ratios[n], plain, strict=True)])
+                )
+    cats = list(dict.fromkeys(categories[pid] for pid in pids))
+    print("per category, geometric mean over its prompts [lowest, highest prompt]:")
+    print(f"  {'decoder / baseline':44} " + " ".join(f"{c[:16]:>22}" for c in cats))
+    for n, against, r in pairs:
+        cells = []
+        for c in cats:
+            xs = [x for pid, x in zip(pids, r, strict=True) if categories[pid] == c]
+            cells.append(f"{gmean(xs):.3f} [{min(xs):.2f}, {max(xs):.2f}]")
+        print(f"  {(n + ' / ' + against)[:44]:44} " + " ".join(f"{x:>22}" for x in cells))
+    shared = "llama-cpp-python on specdec's Llama"
+    if shared in ratios:  # the loops compared on one instance: B / A' per prompt
+        same = [b / a for b, a in zip(ratios["specdec plain"], ratios[shared], strict=True)]
+        print(
+            f"geometric mean, specdec plain / {shared}: {gmean(same):.3f}x "
+            f"(per prompt: {', '.join(f'{x:.2f}' for x in same)})"
+        )
+    # end to end (prefill + first token + decode), as base time / time: above 1 is faster
+    print(f"end to end (prompt in to last token out), ratio of {base}'s time to each:")
+    for n in names[1:]:
+        e2e = []
+        for pid in pids:
+            t = {m: statistics.median(a + b for a, b, _ in rows[pid][m]) for m in (base, n)}
+            e2e.append(t[base] / t[n])
+        print(f"  {n}: {gmean(e2e):.3f}x (per prompt: {', '.join(f'{x:.2f}' for x in e2e)})")
+
+
+def report_saved(path: Path, model: str) -> int:
+    """The report of a saved ``--json`` file (files from before 11-30 lack the categories
+    and token counts: they are taken from the prompt set and the model's tokenizer)."""
+    data = json.loads(path.read_text())
+    rows: Rows = {
+        pid: {n: [tuple(run) for run in runs] for n, runs in by.items()}  # type: ignore[misc]
+        for pid, by in data["prompts"].items()
+    }
+    categories, tokens = data.get("categories"), data.get("prompt_tokens")
+    if categories is None or tokens is None:
+        from specdec.bench.prompts import select_prompts
+        from specdec.hub import resolve
+        from specdec.models.llamacpp import LlamaCppLM
+        from specdec.prompting import encode_prompt
+
+        a = data["args"]
+        prompts = {
+            p.id: p
+            for p in select_prompts(a["source"], per_category=int(a["per_category"]))
+            if p.id in rows
+        }
+        lm = LlamaCppLM(resolve(a.get("model", model)), n_ctx=4096, n_threads=1)
+        categories = {pid: prompts[pid].category for pid in rows}
+        tokens = {pid: len(encode_prompt(lm, prompts[pid].text, chat=True)) for pid in rows}
+    report(rows, categories, tokens)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
@@ -104,7 +191,12 @@ def main() -> int:
         help="also run llama-cpp-python's loop on specdec's own Llama object (A')",
     )
     ap.add_argument("--json", type=Path, default=None, help="write the raw figures here")
+    ap.add_argument(
+        "--from-json", type=Path, default=None, help="print the report of a saved --json file"
+    )
     args = ap.parse_args()
+    if args.from_json:
+        return report_saved(args.from_json, args.model)
 
     import llama_cpp
 
@@ -211,41 +303,17 @@ def main() -> int:
             order = names[(rep + i) % len(names) :] + names[: (rep + i) % len(names)]
             for name in order:
                 rows[p.id][name].append(runners[name](ids[p.id]))
-    base = names[0]
-    print(f"{'prompt':28} {'tokens in':>9} " + " ".join(f"{n[:22]:>24}" for n in names))
-    print(f"(decode tokens/s after the first token; ratios against {names[0]})")
-    ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
-    for p in prompts:
-        tps = {n: statistics.median(t / d for _, d, t in rows[p.id][n] if d > 0) for n in names}
-        cells = [f"{tps[base]:7.2f} tok/s"]
-        for n in names[1:]:
-            ratios[n].append(tps[n] / tps[base])
-            cells.append(f"{tps[n]:7.2f} ({tps[n] / tps[base]:.3f}x)")
-        print(f"{p.id[:28]:28} {len(ids[p.id]):>9} " + " ".join(f"{c:>24}" for c in cells))
-    for n, r in ratios.items():
-        gm = math.exp(sum(math.log(x) for x in r) / len(r))
-        print(f"geometric mean, {n} / {base}: {gm:.3f}x (decode tokens/s)")
-    shared = "llama-cpp-python on specdec's Llama"
-    if shared in ratios:  # the loops compared on one instance: B / A' per prompt
-        same = [b / a for b, a in zip(ratios["specdec plain"], ratios[shared], strict=True)]
-        gm = math.exp(sum(math.log(x) for x in same) / len(same))
-        print(
-            f"geometric mean, specdec plain / {shared}: {gm:.3f}x "
-            f"(per prompt: {', '.join(f'{x:.2f}' for x in same)})"
-        )
-    # end to end (prefill + first token + decode), as base time / time: above 1 is faster
-    print(f"end to end (prompt in to last token out), ratio of {base}'s time to each:")
-    for n in names[1:]:
-        e2e = []
-        for p in prompts:
-            t = {m: statistics.median(a + b for a, b, _ in rows[p.id][m]) for m in (base, n)}
-            e2e.append(t[base] / t[n])
-        gm = math.exp(sum(math.log(x) for x in e2e) / len(e2e))
-        print(f"  {n}: {gm:.3f}x (per prompt: {', '.join(f'{x:.2f}' for x in e2e)})")
+    report(rows, {p.id: p.category for p in prompts}, {k: len(v) for k, v in ids.items()})
     if args.json:
         args.json.write_text(
             json.dumps(
-                {"prompts": {p.id: rows[p.id] for p in prompts}, "args": vars(args)}, default=str
+                {
+                    "prompts": {p.id: rows[p.id] for p in prompts},
+                    "categories": {p.id: p.category for p in prompts},
+                    "prompt_tokens": {k: len(v) for k, v in ids.items()},
+                    "args": vars(args),
+                },
+                default=str,
             )
         )
     return 0

@@ -37,3 +37,28 @@ def test_both_loops_count_one_token_per_pass_after_the_first(smol: Path) -> None
     # n_new tokens: the first comes with the prefill, the other n_new - 1 take one pass each
     assert tokens_b == n_new - 1
     assert tokens_a == n_new - 1
+
+
+def test_the_report_gives_each_category_its_own_geometric_mean(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Fixed runs (prefill s, decode s, tokens): per prompt the median of the runs' decode
+    tokens/s, per category the geometric mean of the prompts' ratios, and the drafter also
+    against specdec's plain loop. Category a: auto at half llama-cpp-python's speed on one
+    prompt and equal on the other -> sqrt(0.5); category b: auto at 1.1x."""
+    from plain_baselines import report
+
+    base = [(1.0, 10.0, 100), (1.0, 10.0, 100)]  # 10 tok/s
+    rows = {
+        "p1": {"llama-cpp-python": base, "specdec plain": base, "auto": [(1.0, 20.0, 100)] * 2},
+        "p2": {"llama-cpp-python": base, "specdec plain": base, "auto": base},
+        "p3": {"llama-cpp-python": base, "specdec plain": base, "auto": [(1.0, 10.0, 110)] * 2},
+    }
+    report(rows, {"p1": "a", "p2": "a", "p3": "b"}, {"p1": 5, "p2": 6, "p3": 7})
+    out = capsys.readouterr().out
+    # the per-category rows: "  <decoder> / <baseline>" padded to 44 columns, then the cells
+    lines = {ln[2:46].strip(): ln[46:] for ln in out.splitlines() if ln.startswith("  ")}
+    auto = lines["auto / llama-cpp-python"]
+    assert "0.707 [0.50, 1.00]" in auto and "1.100 [1.10, 1.10]" in auto
+    assert "0.707 [0.50, 1.00]" in lines["auto / specdec plain"]
+    assert "1.000 [1.00, 1.00]" in lines["specdec plain / llama-cpp-python"]
