@@ -19,8 +19,8 @@ optimistic first-token rate (its mean plus one standard deviation), so a pessimi
 cannot shut a bucket forever. A draft that only this optimism justifies (the mean alone
 would draft nothing) is cut to ``EXPLORE_LEN`` = 1 token: it tests the rate in doubt, the
 first token's, and a rejected one costs verify(2) - verify(1) instead of a long pass. On text
-with few repeats those exploring drafts were most of what the planner lost to plain
-decoding (``benchmarks/planner_replay.py`` on the two trace sets: the worst replayed output
+with few repeats those long exploring drafts set the planner's worst case
+(``benchmarks/planner_replay.py`` on the two trace sets: the worst replayed output
 went from 0.94x / 0.90x of plain decoding to 0.99x / 0.97x, the geometric means from
 1.036x / 1.083x to 1.044x / 1.081x).
 
