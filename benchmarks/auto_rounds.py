@@ -30,13 +30,14 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
 
+    from plain_baselines import auto_choice
+
     from specdec.bench.prompts import select_prompts
     from specdec.decoding import generate
     from specdec.drafters.planned import PlannedSuffixDrafter
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM
-    from specdec.pairs import is_planned, parse_drafter
-    from specdec.profiler.auto import machine_default
+    from specdec.pairs import parse_drafter
     from specdec.prompting import encode_prompt
 
     lm = LlamaCppLM(resolve(args.model), n_ctx=4096, n_threads=args.threads)
@@ -51,20 +52,10 @@ def main() -> int:
     profile_ratios: list[float] = []
     for p in prompts:
         ids = encode_prompt(lm, p.text, chat=True)
-        choice = machine_default(
-            args.model,
-            target_backend="auto",
-            draft_backend="auto",
-            n_ctx=4096,
-            n_threads=args.threads,
-            prompt_tokens=len(ids),
-            new_tokens=args.new_tokens,
-        )
-        assert "no profile" not in choice.reason, "profile the target first: specdec profile"
+        choice = auto_choice(args.model, args.threads, len(ids), args.new_tokens)
         if not choice.speculative:
             print(f"{p.id}: --auto runs plain decoding here ({len(ids)} prompt tokens)")
             continue
-        assert is_planned(choice.draft_ref) and choice.costs is not None, choice
         drafter = PlannedSuffixDrafter(parse_drafter(choice.draft_ref), choice.costs)
         res = generate(
             lm, drafter, ids, max_new_tokens=args.new_tokens, k=choice.policy(), reuse_prefix=False

@@ -146,6 +146,33 @@ def report(rows: Rows, categories: dict[str, str], prompt_tokens: dict[str, int]
         print(f"  {n}: {gmean(e2e):.3f}x (per prompt: {', '.join(f'{x:.2f}' for x in e2e)})")
 
 
+def auto_choice(model: str, n_threads: int | None, prompt_tokens: int, new_tokens: int):  # type: ignore[no-untyped-def]
+    """What ``specdec generate --auto`` (generate's defaults otherwise) runs for a prompt of
+    this length: the cached profile's choice, never a new profile. Exits with a message when
+    this machine has no profile of the target, or when the choice is not one this script
+    runs (the planned suffix drafter or plain decoding on llama.cpp)."""
+    from specdec.pairs import DEFAULT_DRAFT, is_planned
+    from specdec.profiler.auto import auto_profile, choose
+
+    result = auto_profile(
+        model,
+        draft=DEFAULT_DRAFT,
+        target_backend="auto",
+        draft_backend="auto",
+        n_ctx=4096,
+        n_threads=n_threads,
+        cached_only=True,
+    )
+    if result is None:
+        sys.exit(f"no cached profile of {model} on this machine: run `specdec profile` first")
+    choice = choose(result, prompt_tokens, new_tokens)
+    if choice.target_backend != "llamacpp" or (
+        choice.speculative and not (is_planned(choice.draft_ref) and choice.costs is not None)
+    ):
+        sys.exit(f"--auto chose {choice.label}; this script runs planned or plain on llama.cpp")
+    return choice
+
+
 def report_saved(path: Path, model: str) -> int:
     """The report of a saved ``--json`` file (files from before 11-30 lack the categories
     and token counts: they are taken from the prompt set and the model's tokenizer)."""
@@ -223,27 +250,11 @@ def main() -> int:
 
     def auto_run(target, prompt_ids: list[int]) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
         """What ``generate --auto`` runs for this prompt (no profiling here: a cached one)."""
-        from specdec.profiler.auto import machine_default
-
-        choice = machine_default(  # generate's defaults: the profile `specdec profile` caches
-            args.model,
-            target_backend="auto",
-            draft_backend="auto",
-            n_ctx=4096,
-            n_threads=None,
-            prompt_tokens=len(prompt_ids),
-            new_tokens=args.new_tokens,
-        )
-        assert choice.target_backend == "llamacpp", choice
-        assert "no profile" not in choice.reason, "profile the target first: specdec profile"
+        choice = auto_choice(args.model, None, len(prompt_ids), args.new_tokens)
         if not choice.speculative:
             return specdec_run(target, None, prompt_ids, args.new_tokens, 0)
-        assert is_planned(choice.draft_ref), f"auto chose {choice.draft_ref}"
-        costs = choice.costs_or(lambda _c, _t: cached_target_costs(cfg_for_costs, target))
-        d = PlannedSuffixDrafter(parse_drafter(choice.draft_ref), costs(None, target))
+        d = PlannedSuffixDrafter(parse_drafter(choice.draft_ref), choice.costs)
         return specdec_run(target, d, prompt_ids, args.new_tokens, choice.policy())
-
-    cfg_for_costs = ModelConfig(args.model, "llamacpp", n_threads=args.threads)
 
     def drafter_for(ref: str, target):  # type: ignore[no-untyped-def]
         if is_planned(ref):  # the target's costs, measured once and cached as generate does

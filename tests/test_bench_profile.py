@@ -93,7 +93,7 @@ def test_profiler_on_a_real_clock_returns_sane_shapes() -> None:
     assert prof.c == pytest.approx(prof.draft_step_s / prof.target_step_s)
     assert prof.draft_kind == "model" and prof.c_flops is None  # mocks have no param count
     ng = profile_config("y", target, NgramDrafter(3), context_tokens=60, n_max=3, repeats=2)
-    assert ng.draft_kind == "model_free" and ng.draft_step_s >= 0
+    assert ng.draft_kind == "model_free"
     assert target.n_cached == 0 and draft.n_cached == 0
 
 

@@ -5,7 +5,6 @@ output distribution under ProfileK."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -384,10 +383,18 @@ def test_probe_prompts_too_short_to_time_fall_back_to_a_prefill_pass(
 ) -> None:
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setattr(profiler_run, "prefill_throughput", lambda _lm: 123.0)
+    timed: list[list[int]] = []  # the prompt token counts the probe's prefills were timed on
+
+    def from_probe(costs: Costs, tokens: list[int], _seconds: list[float]) -> Costs:
+        timed.append(list(tokens))
+        return replace(costs, prefill_tps=456.0)
+
+    monkeypatch.setattr(profiler_run, "with_prefill_from", from_probe)
     spec = replace(MOCK_SPEC, drafts=("ngram",), n_new=8, chat=False)
     result = run_profile(spec, [prompt])
     tps = result.costs["plain mock"]["prefill_tps"]
     if len(prompt) < 10:  # a one-token prefill: the dedicated pass
-        assert tps == 123.0
+        assert tps == 123.0 and timed == []
     else:  # the probe's own prefill of dozens of tokens
-        assert tps != 123.0 and math.isfinite(tps) and tps > 0
+        assert tps == 456.0
+        assert len(timed) == 1 and sum(timed[0]) >= profiler_run.MIN_TIMED_PREFILL
