@@ -21,6 +21,7 @@ from specdec.bench.profile import (
 from specdec.drafters import NgramDrafter
 from specdec.errors import ConfigError
 from specdec.models.mock import MockLM, MockSpec, mock_pair
+from specdec.profiler.measure import context_curve
 
 
 class FakeClock:
@@ -120,3 +121,59 @@ def test_param_count_and_flops_ratio() -> None:
     assert param_count(MockLM()) is None
     assert flops_cost_ratio(500, 1500) == pytest.approx(1 / 3)
     assert flops_cost_ratio(None, 1500) is None
+
+
+class DriftingMock(TimedMock):
+    """A TimedMock whose passes take ``factors[m]`` times as long while the cache holds m
+    tokens (a machine that is slower for a while), and whose pass of
+    ``dip`` rows (if any) is as fast as a pass of one row."""
+
+    def __init__(self, clock: FakeClock, factors: dict[int, float], dip: int | None = None) -> None:
+        super().__init__(clock, base=0.02, per_token=0.01)
+        self.factors = factors
+        self.dip = dip
+
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        n = 1 if self.dip is not None and len(tokens) == self.dip else len(tokens)
+        f = self.factors.get(self.n_cached, 1.0)
+        self.clock.now += f * (self.base + self.per_token * (n - 1)) - (
+            self.base + self.per_token * (len(tokens) - 1)
+        )
+        return super().extend(tokens)
+
+
+def _contexts(model: MockLM, lengths: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    ctx = profile_context(model, max(lengths) + 20)
+    return [(ctx[:m], ctx[m : m + 20]) for m in lengths]
+
+
+def test_context_curve_is_the_shape_of_passes_at_each_context() -> None:
+    clock = FakeClock()
+    model = TimedMock(clock, base=0.02, per_token=0.005)
+    shape = context_curve(model, _contexts(model, [30, 60]), n_max=8, ns=(2, 4), clock=clock)
+    # timed at 2, 4 and 8, the others interpolated (linear here, so exact)
+    assert shape == pytest.approx([(0.02 + 0.005 * (n - 1)) / 0.02 for n in range(1, 9)])
+    timed = [(at, n) for at, n in model.extended_at if at in (30, 60)]
+    assert sorted(timed) == sorted([(m, n) for m in (30, 60) for n in (1, 1, 1, 2, 4, 8)])
+    assert model.n_cached == 0
+
+
+def test_context_curve_pairs_each_context_with_its_own_plain_passes() -> None:
+    # the machine is 3x slower while the second context is timed: each context's passes are
+    # divided by that context's own 1-row passes, so the shape is still exact (against the
+    # first context's 1-row time the slow context would read 4.5 at n = 2, the median 3.0)
+    clock = FakeClock()
+    model = DriftingMock(clock, {60: 3.0})
+    shape = context_curve(model, _contexts(model, [30, 60]), n_max=4, ns=(2, 3), clock=clock)
+    assert shape == pytest.approx([1.0, 1.5, 2.0, 2.5])
+
+
+def test_context_curve_never_decreases() -> None:
+    clock = FakeClock()
+    model = DriftingMock(clock, {}, dip=3)  # a pass of 3 rows as fast as one of 1
+    shape = context_curve(model, _contexts(model, [30]), n_max=4, ns=(2, 3), clock=clock)
+    assert shape == pytest.approx([1.0, 1.5, 1.5, 2.5])
+    with pytest.raises(ConfigError):
+        context_curve(model, [], n_max=4)
+    with pytest.raises(ConfigError):
+        context_curve(model, _contexts(model, [500]), n_max=16)  # no room in n_ctx 512

@@ -94,10 +94,10 @@ def verify_times(
             model.truncate(base)
     _reset(model)
     med = {n: float(statistics.median(v)) for n, v in samples.items()}
-    return [_interpolated(med, n) for n in range(1, n_max + 1)]
+    return [interpolated(med, n) for n in range(1, n_max + 1)]
 
 
-def _interpolated(points: dict[int, float], n: int) -> float:
+def interpolated(points: dict[int, float], n: int) -> float:
     """The value at n, linear between the nearest measured points around it."""
     if n in points:
         return points[n]

@@ -6,14 +6,21 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
 
-from specdec.bench.profile import drafter_latency, profile_context, step_latency, verify_times
+from specdec.bench.profile import (
+    drafter_latency,
+    interpolated,
+    profile_context,
+    step_latency,
+    verify_times,
+)
 from specdec.decoding import generate
 from specdec.drafters.base import Drafter
+from specdec.errors import ConfigError
 from specdec.models.base import CausalLM, extend_last
 from specdec.models.vocab import fit_logits
 from specdec.profiler.predict import Costs, ProbeSequence, runs_from_matches
@@ -171,6 +178,88 @@ def calibrated(costs: Costs, step_s: float) -> Costs:
     v1 = max(step_s - overhead, 1e-9)
     f = v1 / costs.verify_s[0]
     return replace(costs, verify_s=tuple(v * f for v in costs.verify_s))
+
+
+def _timed_pass(
+    target: CausalLM, rows: Sequence[int], base: int, clock: Callable[[], float]
+) -> float:
+    """Seconds of one pass over ``rows`` after the cached ``base`` tokens, undone after."""
+    t0 = clock()
+    target.extend(rows)
+    t = clock() - t0
+    target.truncate(base)
+    return t
+
+
+def context_curve(
+    target: CausalLM,
+    samples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    n_max: int,
+    ns: Sequence[int] = PROFILE_NS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[float]:
+    """The verify curve's shape, verify(n) / verify(1) for n = 1..n_max, from passes at real
+    contexts: ``samples`` [(context, following tokens)], e.g. a probe prompt plus part of the
+    target's own continuation of it, and the rest of that continuation.
+
+    Per context the target caches it, then times a 1-row pass, a pass of each n in ``ns``
+    (ascending and descending on alternate contexts) and another 1-row pass, each undone with
+    ``truncate``. A sample of n is its time over the mean of that context's two 1-row passes,
+    so drift between contexts cancels; per n the median over contexts is taken, made
+    non-decreasing in n, and the n not timed are interpolated.
+
+    Why: passes repeated at one synthetic context (``verify_times``) gave shapes that moved
+    5-20 % between sweeps a minute apart on the development machine (verify(6) / verify(1)
+    from 3.3 to 4.07), and the cost-aware drafter's marginal decisions sit inside that spread.
+    """
+    if n_max < 1:
+        raise ConfigError(f"n_max must be >= 1, got {n_max}")
+    if not samples:
+        raise ConfigError("the context curve needs at least one context")
+    timed = sorted({n for n in (*ns, n_max) if 2 <= n <= n_max})
+    ratios: dict[int, list[float]] = {n: [] for n in timed}
+    for i, (context, following) in enumerate(samples):
+        ctx = [int(t) for t in context]
+        pool = [int(t) for t in following] or ctx[-1:]
+        if not ctx or len(ctx) + n_max > target.n_ctx:
+            raise ConfigError(
+                f"a context of {len(ctx)} tokens leaves no room for {n_max} rows "
+                f"(n_ctx {target.n_ctx})"
+            )
+        rows = [pool[j % len(pool)] for j in range(n_max)]
+        _reset(target)
+        extend_last(target, ctx)
+        base = target.n_cached
+
+        _timed_pass(target, rows[:1], base, clock)  # warm-up at this context
+        one = _timed_pass(target, rows[:1], base, clock)
+        order = timed if i % 2 == 0 else timed[::-1]
+        got = {n: _timed_pass(target, rows[:n], base, clock) for n in order}
+        one = (one + _timed_pass(target, rows[:1], base, clock)) / 2
+        if one > 0:
+            for n, t in got.items():
+                ratios[n].append(t / one)
+    _reset(target)
+    med = {1: 1.0}
+    for n in timed:
+        if ratios[n]:
+            med[n] = max(float(statistics.median(ratios[n])), max(med.values()))
+    if n_max not in med:  # nothing timed (every pass took no time on a coarse clock)
+        med[n_max] = float(n_max)
+    return [interpolated(med, n) for n in range(1, n_max + 1)]
+
+
+def with_curve_shape(costs: Costs, shape: Sequence[float]) -> Costs:
+    """``costs`` with the verify curve ``verify(1) * shape[n - 1]`` (its level kept: see
+    ``calibrated`` for the level)."""
+    if len(shape) != len(costs.verify_s) or not shape or shape[0] != 1.0:
+        raise ValueError(
+            f"a curve shape of {len(shape)} points starting at 1.0 is needed for "
+            f"{len(costs.verify_s)} points"
+        )
+    v1 = costs.verify_s[0]
+    return replace(costs, verify_s=tuple(v1 * r for r in shape))
 
 
 def model_draft_probe(

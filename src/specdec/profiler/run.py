@@ -47,12 +47,14 @@ from specdec.profiler.decide import (
 from specdec.profiler.measure import (
     calibrated,
     ceiling_passes,
+    context_curve,
     greedy_run,
     model_draft_probe,
     model_free_probe,
     prefill_throughput,
     round_walk_probe,
     target_costs,
+    with_curve_shape,
     with_model_draft,
     with_model_free_draft,
     with_prefill_from,
@@ -249,8 +251,11 @@ def _measure(
             continue
         targets[backend] = lm
         log(f"profile: measuring {backend} (verify curve, prefill, loop overhead)")
-        # the first backend's prefill is timed on the probe prompts themselves, below
-        costs[backend] = target_costs(lm, prefill=bool(costs))
+        # the first backend's prefill and verify curve are measured on the probe prompts
+        # themselves, below: here a rough curve (one pass at each end) stands in until then
+        costs[backend] = (
+            target_costs(lm) if costs else target_costs(lm, prefill=False, repeats=1, ns=(1,))
+        )
     first = targets[spec.target_backends[0]]  # never skipped: nothing was measured before it
     ids = [encode_prompt(first, p, chat=spec.chat and _has_chat(first)) for p in prompts]
     for i in ids:
@@ -267,6 +272,12 @@ def _measure(
         )
     else:  # probe prompts too short to time a prefill on: a dedicated pass
         costs[first_backend] = replace(costs[first_backend], prefill_tps=prefill_throughput(first))
+    # the curve's shape from passes at the probe's own contexts (see ``context_curve``)
+    log("profile: verify passes at the probe prompts' contexts")
+    shape = context_curve(
+        first, curve_samples(ids, conts), n_max=len(costs[first_backend].verify_s)
+    )
+    costs[first_backend] = with_curve_shape(costs[first_backend], shape)
     # the curve's level from the real decoding steps of these runs (see ``calibrated``)
     n_steps = sum(len(t) for t in conts)
     if n_steps:
@@ -371,6 +382,19 @@ def _measure(
     result.recommendation["draft_ref"] = refs[result.recommendation["candidate"]["drafter"]]
     result.draft_refs = refs
     return result
+
+
+def curve_samples(
+    ids: Sequence[Sequence[int]], conts: Sequence[Sequence[int]]
+) -> list[tuple[list[int], list[int]]]:
+    """Where ``context_curve`` times its passes: each probe prompt followed by a third and by
+    two thirds of the target's continuation of it (the contexts decoding verifies at), with
+    the rest of the continuation as the rows."""
+    out = []
+    for p, t in zip(ids, conts, strict=True):
+        for m in sorted({len(t) // 3, 2 * len(t) // 3}):
+            out.append(([*p, *t[:m]], list(t[m:])))
+    return out
 
 
 def skip_reason(
