@@ -153,8 +153,10 @@ def test_context_curve_is_the_shape_of_passes_at_each_context() -> None:
     shape = context_curve(model, _contexts(model, [30, 60]), n_max=8, ns=(2, 4), clock=clock)
     # timed at 2, 4 and 8, the others interpolated (linear here, so exact)
     assert shape == pytest.approx([(0.02 + 0.005 * (n - 1)) / 0.02 for n in range(1, 9)])
-    timed = [(at, n) for at, n in model.extended_at if at in (30, 60)]
+    timed = [(at, n) for at, n in model.extended_at if n <= 8]
     assert sorted(timed) == sorted([(m, n) for m in (30, 60) for n in (1, 1, 1, 2, 4, 8)])
+    # the second context extends the first: its cache is extended, not prefilled again
+    assert [(at, n) for at, n in model.extended_at if n > 8] == [(0, 30), (30, 30)]
     assert model.n_cached == 0
 
 

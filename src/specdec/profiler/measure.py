@@ -21,7 +21,7 @@ from specdec.bench.profile import (
 from specdec.decoding import generate
 from specdec.drafters.base import Drafter
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM, extend_last
+from specdec.models.base import CausalLM, cached_prefix_len, extend_last
 from specdec.models.vocab import fit_logits
 from specdec.profiler.predict import Costs, ProbeSequence, runs_from_matches
 from specdec.rejection import accept_reject
@@ -180,6 +180,11 @@ def calibrated(costs: Costs, step_s: float) -> Costs:
     return replace(costs, verify_s=tuple(v * f for v in costs.verify_s))
 
 
+# the sizes ``context_curve`` times (1 and n_max always; the others interpolated, which is
+# close to exact where the curve is nearly straight, as measured on llama.cpp here)
+CURVE_NS = (2, 3, 4, 6, 8, 12, 16)
+
+
 def _timed_pass(
     target: CausalLM, rows: Sequence[int], base: int, clock: Callable[[], float]
 ) -> float:
@@ -196,14 +201,15 @@ def context_curve(
     samples: Sequence[tuple[Sequence[int], Sequence[int]]],
     *,
     n_max: int,
-    ns: Sequence[int] = PROFILE_NS,
+    ns: Sequence[int] = CURVE_NS,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
     """The verify curve's shape, verify(n) / verify(1) for n = 1..n_max, from passes at real
     contexts: ``samples`` [(context, following tokens)], e.g. a probe prompt plus part of the
     target's own continuation of it, and the rest of that continuation.
 
-    Per context the target caches it, then times a 1-row pass, a pass of each n in ``ns``
+    Per context the target caches it (extending the cache when the context extends the
+    previous one), then times a 1-row pass, a pass of each n in ``ns``
     (ascending and descending on alternate contexts) and another 1-row pass, each undone with
     ``truncate``. A sample of n is its time over the mean of that context's two 1-row passes,
     so drift between contexts cancels; per n the median over contexts is taken, made
@@ -228,8 +234,11 @@ def context_curve(
                 f"(n_ctx {target.n_ctx})"
             )
         rows = [pool[j % len(pool)] for j in range(n_max)]
-        _reset(target)
-        extend_last(target, ctx)
+        keep = cached_prefix_len(target, ctx)  # a context that extends the last one
+        if target.n_cached > keep:
+            target.truncate(keep)
+        if len(ctx) > keep:
+            extend_last(target, ctx[keep:])
         base = target.n_cached
 
         _timed_pass(target, rows[:1], base, clock)  # warm-up at this context
