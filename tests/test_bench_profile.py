@@ -20,8 +20,9 @@ from specdec.bench.profile import (
 )
 from specdec.drafters import NgramDrafter
 from specdec.errors import ConfigError
+from specdec.models.base import extend_last
 from specdec.models.mock import MockLM, MockSpec, mock_pair
-from specdec.profiler.measure import context_curve
+from specdec.profiler.measure import context_curve, curve_ratios
 
 
 class FakeClock:
@@ -179,3 +180,15 @@ def test_context_curve_never_decreases() -> None:
         context_curve(model, [], n_max=4)
     with pytest.raises(ConfigError):
         context_curve(model, _contexts(model, [500]), n_max=16)  # no room in n_ctx 512
+
+
+def test_curve_ratios_truncates_a_cache_that_holds_a_longer_run() -> None:
+    clock = FakeClock()
+    model = TimedMock(clock, base=0.02, per_token=0.005)
+    samples = _contexts(model, [60, 30])
+    extend_last(model, samples[0][0] + samples[0][1])  # a run's cache: all of it
+    model.extended_at.clear()
+    ratios = curve_ratios(model, samples, n_max=4, ns=(2,), clock=clock)
+    assert ratios[2] == pytest.approx([1.25, 1.25]) and ratios[4] == pytest.approx([1.75] * 2)
+    assert all(n <= 4 for _, n in model.extended_at)  # no prefill: only timed passes
+    assert model.n_cached == 30  # left holding the last context

@@ -402,11 +402,11 @@ def test_probe_prompts_too_short_to_time_fall_back_to_a_prefill_pass(
 
 def test_curve_samples_are_the_probe_prompts_with_parts_of_their_continuations() -> None:
     got = profiler_run.curve_samples([[1, 2], [3]], [[10, 11, 12, 13, 14, 15], [20, 21]])
-    assert got == [
-        ([1, 2, 10, 11], [12, 13, 14, 15]),
+    assert got == [  # the longer context first: a cache holding the run is only truncated
         ([1, 2, 10, 11, 12, 13], [14, 15]),
-        ([3], [20, 21]),  # m = 0: the prompt alone
+        ([1, 2, 10, 11], [12, 13, 14, 15]),
         ([3, 20], [21]),
+        ([3], [20, 21]),  # m = 0: the prompt alone
     ]
 
 
@@ -415,23 +415,27 @@ def test_the_profile_takes_its_verify_curve_shape_from_the_probe_contexts(
 ) -> None:
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     seen: list[list[tuple[list[int], list[int]]]] = []
+    cached: list[list[int]] = []  # what the target's cache held at each call
 
-    def fixed_shape(_lm: Any, samples: Any, *, n_max: int) -> list[float]:
+    def fixed_ratios(lm: Any, samples: Any, *, n_max: int) -> dict[int, list[float]]:
         seen.append(list(samples))
-        return [1.0 + 0.7 * (n - 1) for n in range(1, n_max + 1)]
+        cached.append(list(lm.cached_tokens))
+        return {n: [1.0 + 0.7 * (n - 1)] for n in range(2, n_max + 1)}
 
-    monkeypatch.setattr(profiler_run, "context_curve", fixed_shape)
+    monkeypatch.setattr(profiler_run, "curve_ratios", fixed_ratios)
     spec = replace(MOCK_SPEC, drafts=("ngram",), n_new=9, chat=False)
     prompt = "The quick brown fox jumps over the lazy dog. " * 2
     result = run_profile(spec, [prompt])
     v = result.costs["plain mock"]["verify_s"]
     assert [x / v[0] for x in v] == pytest.approx([1.0 + 0.7 * (n - 1) for n in range(1, 17)])
     assert result.costs["ngram -> mock"]["verify_s"] == v
-    # timed at the probe prompt followed by a third and by two thirds of its continuation
+    # timed at the probe prompt followed by two thirds and by a third of its continuation,
+    # right after its greedy run (whose cache holds all of it: no prefill for the passes)
     (samples,) = seen
     full = samples[0][0] + samples[0][1]
     assert samples[1][0] + samples[1][1] == full
     n_prompt = result.prompt_tokens[0]
     n_cont = len(full) - n_prompt
     assert n_cont >= 3
-    assert [len(ctx) - n_prompt for ctx, _ in samples] == [n_cont // 3, 2 * n_cont // 3]
+    assert [len(ctx) - n_prompt for ctx, _ in samples] == [2 * n_cont // 3, n_cont // 3]
+    assert cached == [full[:-1]]

@@ -144,13 +144,15 @@ def with_model_free_draft(
 
 
 def greedy_run(
-    target: CausalLM, prompt_ids: Sequence[int], n_new: int
+    target: CausalLM, prompt_ids: Sequence[int], n_new: int, *, keep_cache: bool = False
 ) -> tuple[list[int], float, float]:
     """The target's own greedy output (what greedy speculative decoding emits too), its
     decode seconds (prefill excluded) and its prefill seconds (len(prompt_ids) - 1 tokens:
-    the last prompt token goes into the first decoding pass)."""
+    the last prompt token goes into the first decoding pass). ``keep_cache``: leave the
+    cache holding the prompt and the output but its last token."""
     res = generate(target, None, prompt_ids, max_new_tokens=n_new, k=0, reuse_prefix=False)
-    _reset(target)
+    if not keep_cache:
+        _reset(target)
     return res.tokens, res.t_total - res.t_prefill, res.t_prefill
 
 
@@ -206,19 +208,35 @@ def context_curve(
 ) -> list[float]:
     """The verify curve's shape, verify(n) / verify(1) for n = 1..n_max, from passes at real
     contexts: ``samples`` [(context, following tokens)], e.g. a probe prompt plus part of the
-    target's own continuation of it, and the rest of that continuation.
-
-    Per context the target caches it (extending the cache when the context extends the
-    previous one), then times a 1-row pass, a pass of each n in ``ns``
-    (ascending and descending on alternate contexts) and another 1-row pass, each undone with
-    ``truncate``. A sample of n is its time over the mean of that context's two 1-row passes,
-    so drift between contexts cancels; per n the median over contexts is taken, made
-    non-decreasing in n, and the n not timed are interpolated.
+    target's own continuation of it, and the rest of that continuation
+    (``curve_from_ratios`` of ``curve_ratios``; the cache is left empty).
 
     Why: passes repeated at one synthetic context (``verify_times``) gave shapes that moved
     5-20 % between sweeps a minute apart on the development machine (verify(6) / verify(1)
     from 3.3 to 4.07), and the cost-aware drafter's marginal decisions sit inside that spread.
     """
+    ratios = curve_ratios(target, samples, n_max=n_max, ns=ns, clock=clock)
+    _reset(target)
+    return curve_from_ratios(ratios, n_max)
+
+
+def curve_ratios(
+    target: CausalLM,
+    samples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    n_max: int,
+    ns: Sequence[int] = CURVE_NS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[int, list[float]]:
+    """Per timed n (2..n_max), verify(n) / verify(1) at each context of ``samples``.
+
+    Per context the target caches it, keeping what its cache already shares with it (a
+    context that extends or shortens the cached one costs no prefill: a greedy run's cache
+    truncated to a point of its own continuation costs nothing), then times a 1-row pass, a
+    pass of each n in ``ns`` and n_max (ascending and descending on alternate contexts) and
+    another 1-row pass, each undone with ``truncate``. A sample of n is its time over the mean
+    of that context's two 1-row passes, so drift between contexts cancels. The cache is left
+    holding the last context."""
     if n_max < 1:
         raise ConfigError(f"n_max must be >= 1, got {n_max}")
     if not samples:
@@ -234,13 +252,12 @@ def context_curve(
                 f"(n_ctx {target.n_ctx})"
             )
         rows = [pool[j % len(pool)] for j in range(n_max)]
-        keep = cached_prefix_len(target, ctx)  # a context that extends the last one
+        keep = cached_prefix_len(target, ctx)
         if target.n_cached > keep:
             target.truncate(keep)
         if len(ctx) > keep:
             extend_last(target, ctx[keep:])
         base = target.n_cached
-
         _timed_pass(target, rows[:1], base, clock)  # warm-up at this context
         one = _timed_pass(target, rows[:1], base, clock)
         order = timed if i % 2 == 0 else timed[::-1]
@@ -249,10 +266,15 @@ def context_curve(
         if one > 0:
             for n, t in got.items():
                 ratios[n].append(t / one)
-    _reset(target)
+    return ratios
+
+
+def curve_from_ratios(ratios: dict[int, list[float]], n_max: int) -> list[float]:
+    """The curve's shape [n_max] from ``curve_ratios``' samples (pooled over calls): per n
+    the median, made non-decreasing in n, the n not timed interpolated."""
     med = {1: 1.0}
-    for n in timed:
-        if ratios[n]:
+    for n in sorted(ratios):
+        if ratios[n] and n <= n_max:
             med[n] = max(float(statistics.median(ratios[n])), max(med.values()))
     if n_max not in med:  # nothing timed (every pass took no time on a coarse clock)
         med[n_max] = float(n_max)

@@ -47,7 +47,8 @@ from specdec.profiler.decide import (
 from specdec.profiler.measure import (
     calibrated,
     ceiling_passes,
-    context_curve,
+    curve_from_ratios,
+    curve_ratios,
     greedy_run,
     model_draft_probe,
     model_free_probe,
@@ -261,8 +262,17 @@ def _measure(
     for i in ids:
         if len(i) + spec.n_new + max((*spec.k_model, *spec.k_free)) + 1 > spec.n_ctx:
             raise ConfigError(f"a probe prompt of {len(i)} tokens does not fit n_ctx {spec.n_ctx}")
-    log(f"profile: greedy continuations of {len(ids)} prompts")
-    runs = [greedy_run(first, p, spec.n_new) for p in ids]
+    log(f"profile: greedy continuations of {len(ids)} prompts, and verify passes at their contexts")
+    n_curve = len(costs[spec.target_backends[0]].verify_s)
+    runs: list[tuple[list[int], float, float]] = []
+    ratios: dict[int, list[float]] = {}
+    for p in ids:
+        runs.append(greedy_run(first, p, spec.n_new, keep_cache=True))
+        # verify passes at this run's own contexts, its cache truncated to them (no prefill)
+        for n, r in curve_ratios(first, curve_samples([p], [runs[-1][0]]), n_max=n_curve).items():
+            ratios.setdefault(n, []).extend(r)
+    if first.n_cached:
+        first.truncate(0)
     conts = [toks for toks, _, _ in runs]
     first_backend = spec.target_backends[0]
     prefilled = [len(i) - 1 for i in ids]
@@ -273,10 +283,7 @@ def _measure(
     else:  # probe prompts too short to time a prefill on: a dedicated pass
         costs[first_backend] = replace(costs[first_backend], prefill_tps=prefill_throughput(first))
     # the curve's shape from passes at the probe's own contexts (see ``context_curve``)
-    log("profile: verify passes at the probe prompts' contexts")
-    shape = context_curve(
-        first, curve_samples(ids, conts), n_max=len(costs[first_backend].verify_s)
-    )
+    shape = curve_from_ratios(ratios, n_curve)
     costs[first_backend] = with_curve_shape(costs[first_backend], shape)
     # the curve's level from the real decoding steps of these runs (see ``calibrated``)
     n_steps = sum(len(t) for t in conts)
@@ -387,12 +394,13 @@ def _measure(
 def curve_samples(
     ids: Sequence[Sequence[int]], conts: Sequence[Sequence[int]]
 ) -> list[tuple[list[int], list[int]]]:
-    """Where ``context_curve`` times its passes: each probe prompt followed by a third and by
-    two thirds of the target's continuation of it (the contexts decoding verifies at), with
-    the rest of the continuation as the rows."""
+    """Where ``curve_ratios`` times its passes: each probe prompt followed by two thirds and
+    by a third of the target's continuation of it (contexts decoding verifies at; the longer
+    first, so that a cache holding the run is only truncated), with the rest of the
+    continuation as the rows."""
     out = []
     for p, t in zip(ids, conts, strict=True):
-        for m in sorted({len(t) // 3, 2 * len(t) // 3}):
+        for m in sorted({len(t) // 3, 2 * len(t) // 3}, reverse=True):
             out.append(([*p, *t[:m]], list(t[m:])))
     return out
 
