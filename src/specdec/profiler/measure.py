@@ -211,9 +211,10 @@ def context_curve(
     target's own continuation of it, and the rest of that continuation
     (``curve_from_ratios`` of ``curve_ratios``; the cache is left empty).
 
-    Why: passes repeated at one synthetic context (``verify_times``) gave shapes that moved
-    5-20 % between sweeps a minute apart on the development machine (verify(6) / verify(1)
-    from 3.3 to 4.07), and the cost-aware drafter's marginal decisions sit inside that spread.
+    Why: passes repeated at one synthetic context (``verify_times``) gave shapes that differed
+    by 5-10 % between two sweeps a minute apart on the development machine (verify(6) /
+    verify(1) 3.58 and 3.24), and the cost-aware drafter's marginal decisions sit inside that
+    spread.
     """
     ratios = curve_ratios(target, samples, n_max=n_max, ns=ns, clock=clock)
     _reset(target)
