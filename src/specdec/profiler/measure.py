@@ -183,8 +183,10 @@ def calibrated(costs: Costs, step_s: float) -> Costs:
 
 
 # the sizes ``context_curve`` times (1 and n_max always; the others interpolated, which is
-# close to exact where the curve is nearly straight, as measured on llama.cpp here)
-CURVE_NS = (2, 3, 4, 6, 8, 12, 16)
+# close to exact where the curve is nearly straight, as measured on llama.cpp here). 7 and 8
+# both: llama.cpp's curve here steps between them (3.88 and 6.16 times a 1-row pass), and
+# interpolating 7 from 6 and 8 charged 7-row passes 5.26
+CURVE_NS = (2, 3, 4, 6, 7, 8, 12, 16)
 
 
 def _timed_pass(
