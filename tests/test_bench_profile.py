@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from specdec.drafters import NgramDrafter
 from specdec.errors import ConfigError
 from specdec.models.base import extend_last
 from specdec.models.mock import MockLM, MockSpec, mock_pair
-from specdec.profiler.measure import context_curve, curve_ratios
+from specdec.profiler.measure import curve_from_ratios, curve_ratios
 
 
 class FakeClock:
@@ -143,6 +144,11 @@ class DriftingMock(TimedMock):
         return super().extend(tokens)
 
 
+def context_curve(model: MockLM, samples: Any, *, n_max: int, **kw: Any) -> list[float]:
+    """The curve as the profile builds it: ``curve_from_ratios`` of ``curve_ratios``."""
+    return curve_from_ratios(curve_ratios(model, samples, n_max=n_max, **kw), n_max)
+
+
 def _contexts(model: MockLM, lengths: Sequence[int]) -> list[tuple[list[int], list[int]]]:
     ctx = profile_context(model, max(lengths) + 20)
     return [(ctx[:m], ctx[m : m + 20]) for m in lengths]
@@ -158,7 +164,7 @@ def test_context_curve_is_the_shape_of_passes_at_each_context() -> None:
     assert sorted(timed) == sorted([(m, n) for m in (30, 60) for n in (1, 1, 1, 2, 4, 8)])
     # the second context extends the first: its cache is extended, not prefilled again
     assert [(at, n) for at, n in model.extended_at if n > 8] == [(0, 30), (30, 30)]
-    assert model.n_cached == 0
+    assert model.n_cached == 60  # left holding the last context
 
 
 def test_context_curve_pairs_each_context_with_its_own_plain_passes() -> None:
@@ -177,9 +183,9 @@ def test_context_curve_never_decreases() -> None:
     shape = context_curve(model, _contexts(model, [30]), n_max=4, ns=(2, 3), clock=clock)
     assert shape == pytest.approx([1.0, 1.5, 1.5, 2.5])
     with pytest.raises(ConfigError):
-        context_curve(model, [], n_max=4)
+        curve_ratios(model, [], n_max=4)
     with pytest.raises(ConfigError):
-        context_curve(model, _contexts(model, [500]), n_max=16)  # no room in n_ctx 512
+        curve_ratios(model, _contexts(model, [500]), n_max=16)  # no room in n_ctx 512
 
 
 def test_curve_ratios_truncates_a_cache_that_holds_a_longer_run() -> None:

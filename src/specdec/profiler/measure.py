@@ -182,7 +182,7 @@ def calibrated(costs: Costs, step_s: float) -> Costs:
     return replace(costs, verify_s=tuple(v * f for v in costs.verify_s))
 
 
-# the sizes ``context_curve`` times (1 and n_max always; the others interpolated, which is
+# the sizes ``curve_ratios`` times (1 and n_max always; the others interpolated, which is
 # close to exact where the curve is nearly straight, as measured on llama.cpp here). 7 and 8
 # both: llama.cpp's curve here steps between them (3.88 and 6.16 times a 1-row pass), and
 # interpolating 7 from 6 and 8 charged 7-row passes 5.26
@@ -200,29 +200,6 @@ def _timed_pass(
     return t
 
 
-def context_curve(
-    target: CausalLM,
-    samples: Sequence[tuple[Sequence[int], Sequence[int]]],
-    *,
-    n_max: int,
-    ns: Sequence[int] = CURVE_NS,
-    clock: Callable[[], float] = time.perf_counter,
-) -> list[float]:
-    """The verify curve's shape, verify(n) / verify(1) for n = 1..n_max, from passes at real
-    contexts: ``samples`` [(context, following tokens)], e.g. a probe prompt plus part of the
-    target's own continuation of it, and the rest of that continuation
-    (``curve_from_ratios`` of ``curve_ratios``; the cache is left empty).
-
-    Why: passes repeated at one synthetic context (``verify_times``) gave shapes that differed
-    by 5-10 % between two sweeps a minute apart on the development machine (verify(6) /
-    verify(1) 3.58 and 3.24), and the cost-aware drafter's marginal decisions sit inside that
-    spread.
-    """
-    ratios = curve_ratios(target, samples, n_max=n_max, ns=ns, clock=clock)
-    _reset(target)
-    return curve_from_ratios(ratios, n_max)
-
-
 def curve_ratios(
     target: CausalLM,
     samples: Sequence[tuple[Sequence[int], Sequence[int]]],
@@ -231,7 +208,10 @@ def curve_ratios(
     ns: Sequence[int] = CURVE_NS,
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[int, list[float]]:
-    """Per timed n (2..n_max), verify(n) / verify(1) at each context of ``samples``.
+    """The verify curve's shape at real contexts: per timed n (2..n_max), verify(n) /
+    verify(1) at each context of ``samples`` [(context, following tokens)], e.g. a probe
+    prompt plus part of the target's own continuation of it, and the rest of that
+    continuation (``curve_from_ratios`` turns them into the curve).
 
     Per context the target caches it, keeping what its cache already shares with it (a
     context that extends or shortens the cached one costs no prefill: a greedy run's cache
@@ -239,7 +219,12 @@ def curve_ratios(
     pass of each n in ``ns`` and n_max (ascending and descending on alternate contexts) and
     another 1-row pass, each undone with ``truncate``. A sample of n is its time over the mean
     of that context's two 1-row passes, so drift between contexts cancels. The cache is left
-    holding the last context."""
+    holding the last context.
+
+    Why: passes repeated at one synthetic context (``verify_times``) gave shapes that differed
+    by 5-10 % between two sweeps a minute apart on the development machine (verify(6) /
+    verify(1) 3.58 and 3.24), and the cost-aware drafter's marginal decisions sit inside that
+    spread."""
     if n_max < 1:
         raise ConfigError(f"n_max must be >= 1, got {n_max}")
     if not samples:

@@ -263,7 +263,8 @@ def _measure(
         if len(i) + spec.n_new + max((*spec.k_model, *spec.k_free)) + 1 > spec.n_ctx:
             raise ConfigError(f"a probe prompt of {len(i)} tokens does not fit n_ctx {spec.n_ctx}")
     log(f"profile: greedy continuations of {len(ids)} prompts, and verify passes at their contexts")
-    n_curve = len(costs[spec.target_backends[0]].verify_s)
+    first_backend = spec.target_backends[0]
+    n_curve = len(costs[first_backend].verify_s)
     runs: list[tuple[list[int], float, float]] = []
     ratios: dict[int, list[float]] = {}
     for p in ids:
@@ -274,7 +275,6 @@ def _measure(
     if first.n_cached:
         first.truncate(0)
     conts = [toks for toks, _, _ in runs]
-    first_backend = spec.target_backends[0]
     prefilled = [len(i) - 1 for i in ids]
     if sum(prefilled) >= MIN_TIMED_PREFILL:
         costs[first_backend] = with_prefill_from(
@@ -282,7 +282,7 @@ def _measure(
         )
     else:  # probe prompts too short to time a prefill on: a dedicated pass
         costs[first_backend] = replace(costs[first_backend], prefill_tps=prefill_throughput(first))
-    # the curve's shape from passes at the probe's own contexts (see ``context_curve``)
+    # the curve's shape from passes at the probe's own contexts (see ``curve_ratios``)
     shape = curve_from_ratios(ratios, n_curve)
     costs[first_backend] = with_curve_shape(costs[first_backend], shape)
     # the curve's level from the real decoding steps of these runs (see ``calibrated``)
