@@ -13,9 +13,24 @@
      K, plain decoding where it chooses plain), and with ``--pad-to N`` the same drafters on
      a backend instance whose verify passes are padded to N rows
 
-Per prompt and repeat each decoder runs once, in a rotating order, so slow drift hits them
-alike; the script prints decode tokens/s, prefill seconds and the ratios B/A (and C/A) per
-prompt, and their geometric means. Greedy, the same thread count for all.
+Prompt by prompt, each decoder runs once per repeat, in an order rotated per prompt and
+repeat, so slow drift hits them alike; the script prints decode tokens/s, prefill seconds and
+the ratios B/A (and C/A) per prompt, their geometric means, and per category the geometric
+mean over its prompts with a 90 % bootstrap interval over prompts (seeded). With ``auto``
+among the decoders it also prints the verdict of issue 11's floor, fixed before any run:
+``auto`` at >= 0.95x of llama-cpp-python's loop (the geometric mean over each category's
+prompts) on every category. Greedy, the same thread count for all.
+
+``--reuse-prompt`` measures decoding only: each instance keeps the prompt it holds between
+the runs of one prompt (llama-cpp-python's own prefix reuse, which evaluates the last
+prompt token again; specdec's ``reuse_prefix``, which keeps prompt[:-1] and passes the last
+prompt token in its first round), so a prompt is prefilled once per instance instead of once
+per run. Decode tokens/s (after the first token) are the same computation either way; the
+end-to-end ratios are not printed in this mode. It cannot be combined with
+``--shared-instance`` (that loop empties the shared cache). ``--no-plain`` leaves out B.
+
+The raw figures are written to ``--json`` after every prompt; ``--resume`` keeps the complete
+prompts of that file (run with the same arguments) and measures the rest.
 
     python benchmarks/plain_baselines.py --source all --new-tokens 64 --repeats 2 [--draft suffix]
 """
@@ -25,13 +40,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
+# issue 11's floor, fixed before the runs: the decoder ``auto`` at >= this fraction of
+# llama-cpp-python's decode speed, as the geometric mean over each category's prompts
+FLOOR = 0.95
+FLOOR_DECODER = "auto"
 
-def llama_cpp_own(llm, prompt_ids: list[int], n_new: int) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+
+def llama_cpp_own(
+    llm, prompt_ids: list[int], n_new: int, *, reuse_prompt: bool = False
+) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
     """(prefill seconds, decode seconds, tokens) of llama-cpp-python's own greedy loop
     (``create_completion``, streamed, as a user calls it).
 
@@ -43,10 +66,12 @@ def llama_cpp_own(llm, prompt_ids: list[int], n_new: int) -> tuple[float, float,
     reason), and it holds back tokens that end in an incomplete UTF-8 character, so chunk
     counts credited the loop with one token more than its passes on every full-length run
     (64 tokens counted for 63 passes). The decode window runs from the first sampled token
-    to the last, the same window as ``specdec_run``'s: one pass per token after the first."""
+    to the last, the same window as ``specdec_run``'s: one pass per token after the first.
+    With ``reuse_prompt`` the library keeps the prefix its cache shares with the prompt."""
     import llama_cpp
 
-    llm.reset()
+    if not reuse_prompt:
+        llm.reset()
     first_seen: dict[int, float] = {}  # ids length at the call -> its first time
 
     def at_each_token(ids, _logits) -> bool:  # type: ignore[no-untyped-def]
@@ -78,10 +103,12 @@ def llama_cpp_shared(ours, prompt_ids: list[int], n_new: int) -> tuple[float, fl
     return out
 
 
-def specdec_run(target, draft, prompt_ids: list[int], n_new: int, k) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+def specdec_run(
+    target, draft, prompt_ids: list[int], n_new: int, k, *, reuse_prompt: bool = False
+) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
     from specdec.decoding import generate
 
-    res = generate(target, draft, prompt_ids, max_new_tokens=n_new, k=k, reuse_prefix=False)
+    res = generate(target, draft, prompt_ids, max_new_tokens=n_new, k=k, reuse_prefix=reuse_prompt)
     first = res.rounds[0].t_round if res.rounds else 0.0
     decode = res.t_total - res.t_prefill - first
     return res.t_prefill + first, decode, len(res.tokens) - res.rounds[0].n_emitted
@@ -94,9 +121,37 @@ def gmean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def report(rows: Rows, categories: dict[str, str], prompt_tokens: dict[str, int]) -> None:
-    """Print the per-prompt table, the geometric means, the per-category means and the end
-    to end ratios (every ratio against the first decoder, llama-cpp-python's own loop)."""
+def bootstrap_gmean(
+    xs: list[float], *, resamples: int = 2000, level: float = 0.90, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the geometric mean of the ratios ``xs`` (one per
+    prompt), resampling prompts with a fixed seed: how far the category's figure could move
+    with other prompts of the same kind (the noise of each prompt's runs is inside it)."""
+    assert xs and 0.0 < level < 1.0
+    rng = random.Random(seed)
+    logs = [math.log(x) for x in xs]
+    means = sorted(sum(rng.choice(logs) for _ in logs) / len(logs) for _ in range(resamples))
+    lo = means[int((1.0 - level) / 2.0 * resamples)]
+    hi = means[math.ceil((1.0 + level) / 2.0 * resamples) - 1]
+    return math.exp(lo), math.exp(hi)
+
+
+def floor_verdict(by_category: dict[str, float], floor: float = FLOOR) -> tuple[bool, str]:
+    """(every category at or above ``floor``, the lowest category)."""
+    lowest = min(by_category, key=lambda c: by_category[c])
+    return by_category[lowest] >= floor, lowest
+
+
+def report(
+    rows: Rows,
+    categories: dict[str, str],
+    prompt_tokens: dict[str, int],
+    *,
+    end_to_end: bool = True,
+) -> None:
+    """Print the per-prompt table, the geometric means, the per-category means (with their
+    bootstrap intervals), the floor's verdict when ``auto`` ran, and the end to end ratios
+    (every ratio against the first decoder, llama-cpp-python's own loop)."""
     pids = list(rows)
     names = list(rows[pids[0]])
     base = names[0]
@@ -123,12 +178,24 @@ def report(rows: Rows, categories: dict[str, str], prompt_tokens: dict[str, int]
     cats = list(dict.fromkeys(categories[pid] for pid in pids))
     print("per category, geometric mean over its prompts [lowest, highest prompt]:")
     print(f"  {'decoder / baseline':44} " + " ".join(f"{c[:16]:>22}" for c in cats))
+    by_cat: dict[tuple[str, str], dict[str, float]] = {}
     for n, against, r in pairs:
-        cells = []
+        cells, spans = [], []
         for c in cats:
             xs = [x for pid, x in zip(pids, r, strict=True) if categories[pid] == c]
+            by_cat.setdefault((n, against), {})[c] = gmean(xs)
             cells.append(f"{gmean(xs):.3f} [{min(xs):.2f}, {max(xs):.2f}]")
+            lo, hi = bootstrap_gmean(xs)
+            spans.append(f"({lo:.3f}, {hi:.3f})")
         print(f"  {(n + ' / ' + against)[:44]:44} " + " ".join(f"{x:>22}" for x in cells))
+        print(f"  {'   90 % bootstrap over prompts':44} " + " ".join(f"{x:>22}" for x in spans))
+    if (FLOOR_DECODER, base) in by_cat:
+        means = by_cat[(FLOOR_DECODER, base)]
+        met, lowest = floor_verdict(means)
+        print(
+            f"floor (fixed before the run): {FLOOR_DECODER} / {base} >= {FLOOR:.2f}x on every "
+            f"category: {'MET' if met else 'NOT MET'} (lowest: {lowest}, {means[lowest]:.3f}x)"
+        )
     shared = "llama-cpp-python on specdec's Llama"
     if shared in ratios:  # the loops compared on one instance: B / A' per prompt
         same = [b / a for b, a in zip(ratios["specdec plain"], ratios[shared], strict=True)]
@@ -137,6 +204,9 @@ def report(rows: Rows, categories: dict[str, str], prompt_tokens: dict[str, int]
             f"(per prompt: {', '.join(f'{x:.2f}' for x in same)})"
         )
     # end to end (prefill + first token + decode), as base time / time: above 1 is faster
+    if not end_to_end:
+        print("end to end: not measured (--reuse-prompt: each instance prefilled a prompt once)")
+        return
     print(f"end to end (prompt in to last token out), ratio of {base}'s time to each:")
     for n in names[1:]:
         e2e = []
@@ -197,8 +267,52 @@ def report_saved(path: Path, model: str) -> int:
         lm = LlamaCppLM(resolve(a.get("model", model)), n_ctx=4096, n_threads=1)
         categories = {pid: prompts[pid].category for pid in rows}
         tokens = {pid: len(encode_prompt(lm, prompts[pid].text, chat=True)) for pid in rows}
-    report(rows, categories, tokens)
+    report(rows, categories, tokens, end_to_end=not data["args"].get("reuse_prompt", False))
     return 0
+
+
+# the arguments a resumed run must share with the file it continues
+RESUME_KEYS = ("model", "source", "per_category", "new_tokens", "repeats", "threads", "draft", "k")
+RESUME_KEYS += ("pad_to", "shared_instance", "reuse_prompt", "no_plain")
+
+
+def resumed_rows(path: Path, args: dict[str, object], names: list[str]) -> Rows:
+    """The complete prompts of a ``--json`` file written with the same arguments (every
+    decoder with all its repeats); exits with a message when the arguments differ."""
+    data = json.loads(path.read_text())
+    saved = data.get("args", {})
+    differ = [k for k in RESUME_KEYS if saved.get(k) != args.get(k)]
+    if differ:
+        sys.exit(f"--resume: {path} was written with other arguments ({', '.join(differ)})")
+    repeats = int(str(args["repeats"]))
+    return {
+        pid: {n: [tuple(run) for run in by[n]] for n in names}  # type: ignore[misc]
+        for pid, by in data["prompts"].items()
+        if all(len(by.get(n, [])) == repeats for n in names)
+    }
+
+
+def save(
+    path: Path,
+    rows: Rows,
+    categories: dict[str, str],
+    tokens: dict[str, int],
+    args: dict[str, object],
+) -> None:
+    """Write the raw figures (replacing the file in one step, so a crash keeps the last)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(
+        json.dumps(
+            {
+                "prompts": rows,
+                "categories": {pid: categories[pid] for pid in rows},
+                "prompt_tokens": {pid: tokens[pid] for pid in rows},
+                "args": args,
+            },
+            default=str,
+        )
+    )
+    tmp.replace(path)
 
 
 def main() -> int:
@@ -217,13 +331,27 @@ def main() -> int:
         action="store_true",
         help="also run llama-cpp-python's loop on specdec's own Llama object (A')",
     )
+    ap.add_argument(
+        "--reuse-prompt",
+        action="store_true",
+        help="decode only: each instance keeps the prompt it holds between one prompt's runs",
+    )
+    ap.add_argument("--no-plain", action="store_true", help="leave out specdec's plain loop (B)")
     ap.add_argument("--json", type=Path, default=None, help="write the raw figures here")
+    ap.add_argument(
+        "--resume", action="store_true", help="keep the complete prompts of the --json file"
+    )
     ap.add_argument(
         "--from-json", type=Path, default=None, help="print the report of a saved --json file"
     )
     args = ap.parse_args()
     if args.from_json:
         return report_saved(args.from_json, args.model)
+    if args.reuse_prompt and args.shared_instance:
+        sys.exit("--reuse-prompt cannot be combined with --shared-instance")
+    if args.resume and not (args.json and args.json.exists()):
+        sys.exit("--resume needs an existing --json file")
+    reuse = args.reuse_prompt
 
     import llama_cpp
 
@@ -252,9 +380,11 @@ def main() -> int:
         """What ``generate --auto`` runs for this prompt (no profiling here: a cached one)."""
         choice = auto_choice(args.model, None, len(prompt_ids), args.new_tokens)
         if not choice.speculative:
-            return specdec_run(target, None, prompt_ids, args.new_tokens, 0)
+            return specdec_run(target, None, prompt_ids, args.new_tokens, 0, reuse_prompt=reuse)
         d = PlannedSuffixDrafter(parse_drafter(choice.draft_ref), choice.costs)
-        return specdec_run(target, d, prompt_ids, args.new_tokens, choice.policy())
+        return specdec_run(
+            target, d, prompt_ids, args.new_tokens, choice.policy(), reuse_prompt=reuse
+        )
 
     def drafter_for(ref: str, target):  # type: ignore[no-untyped-def]
         if is_planned(ref):  # the target's costs, measured once and cached as generate does
@@ -284,9 +414,13 @@ def main() -> int:
     ids = {p.id: encode_prompt(ours, p.text, chat=True) for p in prompts}
 
     runners = {
-        "llama-cpp-python": lambda p: llama_cpp_own(own, p, args.new_tokens),
-        "specdec plain": lambda p: specdec_run(ours, None, p, args.new_tokens, 0),
+        "llama-cpp-python": lambda p: llama_cpp_own(own, p, args.new_tokens, reuse_prompt=reuse),
+        "specdec plain": lambda p: specdec_run(
+            ours, None, p, args.new_tokens, 0, reuse_prompt=reuse
+        ),
     }
+    if args.no_plain:
+        del runners["specdec plain"]
     if args.shared_instance:
         runners["llama-cpp-python on specdec's Llama"] = lambda p: llama_cpp_shared(
             ours, p, args.new_tokens
@@ -300,33 +434,33 @@ def main() -> int:
                 continue
             d = drafter_for(ref, target)
             runners[f"{ref}{tag} K={args.k}"] = lambda p, d=d, t=target: specdec_run(
-                t, d, p, args.new_tokens, args.k
+                t, d, p, args.new_tokens, args.k, reuse_prompt=reuse
             )
     names = list(runners)
+    categories = {p.id: p.category for p in prompts}
+    tokens = {k: len(v) for k, v in ids.items()}
+    saved_args = vars(args) | {"json": str(args.json) if args.json else None}
+    rows: Rows = resumed_rows(args.json, saved_args, names) if args.resume else {}
     first = next(iter(ids.values()))
     for r in runners.values():  # warm-up
         r(first[:32])
-    rows: dict[str, dict[str, list[tuple[float, float, int]]]] = {
-        p.id: {n: [] for n in names} for p in prompts
-    }
-    for rep in range(args.repeats):
-        for i, p in enumerate(prompts):
+    # prompt by prompt (with --reuse-prompt a prompt is prefilled once per instance), each
+    # decoder once per repeat in an order rotated per prompt and repeat
+    for i, p in enumerate(prompts):
+        if p.id in rows:
+            continue
+        runs: dict[str, list[tuple[float, float, int]]] = {n: [] for n in names}
+        for rep in range(args.repeats):
             order = names[(rep + i) % len(names) :] + names[: (rep + i) % len(names)]
             for name in order:
-                rows[p.id][name].append(runners[name](ids[p.id]))
-    report(rows, {p.id: p.category for p in prompts}, {k: len(v) for k, v in ids.items()})
+                runs[name].append(runners[name](ids[p.id]))
+        rows[p.id] = runs
+        if args.json:
+            save(args.json, rows, categories, tokens, saved_args)
+    rows = {p.id: rows[p.id] for p in prompts}
+    report(rows, categories, tokens, end_to_end=not reuse)
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "prompts": {p.id: rows[p.id] for p in prompts},
-                    "categories": {p.id: p.category for p in prompts},
-                    "prompt_tokens": {k: len(v) for k, v in ids.items()},
-                    "args": vars(args),
-                },
-                default=str,
-            )
-        )
+        save(args.json, rows, categories, tokens, saved_args)
     return 0
 
 

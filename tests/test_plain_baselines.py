@@ -62,3 +62,100 @@ def test_the_report_gives_each_category_its_own_geometric_mean(
     assert "0.707 [0.50, 1.00]" in auto and "1.100 [1.10, 1.10]" in auto
     assert "0.707 [0.50, 1.00]" in lines["auto / specdec plain"]
     assert "1.000 [1.00, 1.00]" in lines["specdec plain / llama-cpp-python"]
+
+
+def test_reuse_prompt_prefills_a_prompt_once_per_instance(smol: Path) -> None:
+    """With reuse_prompt, a second run of the same prompt evaluates only the last prompt token
+    before decoding, on both loops, and is credited the same tokens; without it, the prompt is
+    evaluated again."""
+    import llama_cpp
+    from plain_baselines import llama_cpp_own, specdec_run
+
+    from specdec.models.llamacpp import LlamaCppLM
+
+    n_new = 8
+    ours = LlamaCppLM(smol, n_ctx=256, n_threads=threads())
+    own = llama_cpp.Llama(
+        model_path=str(smol), n_ctx=256, n_threads=threads(), n_batch=128, verbose=False
+    )
+    evaluated: list[int] = []  # tokens per eval call of the library's loop
+    library_eval = own.eval
+
+    def recording_eval(tokens):  # type: ignore[no-untyped-def]
+        evaluated.append(len(tokens))
+        return library_eval(tokens)
+
+    own.eval = recording_eval  # type: ignore[method-assign]
+    ids = ours.tokenizer.encode("One, two, three, four, five, six, seven, eight, nine,")
+    assert len(ids) > 2
+    for reuse, first_eval in ((False, len(ids)), (True, 1)):
+        evaluated.clear()
+        _, _, tokens_a = llama_cpp_own(own, ids, n_new, reuse_prompt=reuse)
+        assert evaluated[0] == first_eval
+        assert tokens_a == n_new - 1
+    specdec_run(ours, None, ids, n_new, 0)  # the cache now holds the prompt and 8 tokens
+    for reuse, passes in ((True, n_new), (False, n_new + 1)):  # + 1: the prefill's call
+        before = ours.extend_calls
+        _, _, tokens_b = specdec_run(ours, None, ids, n_new, 0, reuse_prompt=reuse)
+        assert ours.extend_calls - before == passes
+        assert tokens_b == n_new - 1
+
+
+def _floor_rows(auto_tps: dict[str, float]) -> tuple[dict, dict[str, str]]:  # type: ignore[type-arg]
+    """Two prompts per category, llama-cpp-python at 10 tok/s, auto at the given speed."""
+    rows, cats = {}, {}
+    for cat, tps in auto_tps.items():
+        for j in range(2):
+            pid = f"{cat}{j}"
+            rows[pid] = {
+                "llama-cpp-python": [(1.0, 10.0, 100)] * 3,
+                "auto": [(1.0, 10.0, round(10 * tps))] * 3,
+            }
+            cats[pid] = cat
+    return rows, cats
+
+
+@pytest.mark.parametrize(
+    ("auto_tps", "verdict"),
+    [
+        ({"a": 10.0, "b": 9.6}, "MET (lowest: b, 0.960x)"),
+        ({"a": 10.0, "b": 9.4}, "NOT MET (lowest: b, 0.940x)"),  # one category under 0.95
+    ],
+)
+def test_the_floor_verdict_flips_with_one_category(
+    auto_tps: dict[str, float], verdict: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from plain_baselines import report
+
+    rows, cats = _floor_rows(auto_tps)
+    report(rows, cats, dict.fromkeys(rows, 5), end_to_end=False)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("floor"))
+    assert line.endswith(verdict)
+    assert "end to end: not measured" in out
+
+
+def test_bootstrap_interval_brackets_the_mean_and_is_seeded() -> None:
+    from plain_baselines import bootstrap_gmean, gmean
+
+    xs = [0.90, 0.95, 1.00, 1.02, 1.10, 0.97]
+    lo, hi = bootstrap_gmean(xs)
+    assert lo < gmean(xs) < hi
+    assert min(xs) <= lo and hi <= max(xs)
+    assert bootstrap_gmean(xs) == (lo, hi)  # a fixed seed: the same interval every time
+    assert bootstrap_gmean([1.03] * 5) == pytest.approx((1.03, 1.03))
+
+
+def test_resume_keeps_complete_prompts_of_a_run_with_the_same_arguments(tmp_path: Path) -> None:
+    from plain_baselines import resumed_rows, save
+
+    args: dict[str, object] = {"model": "m", "source": "spec_bench", "repeats": 2, "k": 8}
+    done = {"llama-cpp-python": [(1.0, 5.0, 63)] * 2, "auto": [(1.0, 5.0, 63)] * 2}
+    half = {"llama-cpp-python": [(1.0, 5.0, 63)] * 2, "auto": [(1.0, 5.0, 63)]}
+    path = tmp_path / "run.json"
+    save(path, {"p1": done, "p2": half}, {"p1": "a", "p2": "b"}, {"p1": 5, "p2": 6}, args)
+    kept = resumed_rows(path, args, ["llama-cpp-python", "auto"])
+    assert list(kept) == ["p1"]  # p2 lacks one auto run: measured again
+    assert kept["p1"]["auto"] == [(1.0, 5.0, 63)] * 2
+    with pytest.raises(SystemExit, match="repeats"):
+        resumed_rows(path, args | {"repeats": 3}, ["llama-cpp-python", "auto"])
