@@ -148,6 +148,7 @@ def report(
     prompt_tokens: dict[str, int],
     *,
     end_to_end: bool = True,
+    floor_rule: str = "fixed before the run",
 ) -> None:
     """Print the per-prompt table, the geometric means, the per-category means (with their
     bootstrap intervals), the floor's verdict when ``auto`` ran, and the end to end ratios
@@ -193,7 +194,7 @@ def report(
         means = by_cat[(FLOOR_DECODER, base)]
         met, lowest = floor_verdict(means)
         print(
-            f"floor (fixed before the run): {FLOOR_DECODER} / {base} >= {FLOOR:.2f}x on every "
+            f"floor ({floor_rule}): {FLOOR_DECODER} / {base} >= {FLOOR:.2f}x on every "
             f"category: {'MET' if met else 'NOT MET'} (lowest: {lowest}, {means[lowest]:.3f}x)"
         )
     shared = "llama-cpp-python on specdec's Llama"
@@ -243,9 +244,10 @@ def auto_choice(model: str, n_threads: int | None, prompt_tokens: int, new_token
     return choice
 
 
-def report_saved(path: Path, model: str) -> int:
-    """The report of a saved ``--json`` file (files from before 11-30 lack the categories
-    and token counts: they are taken from the prompt set and the model's tokenizer)."""
+def load_saved(path: Path, model: str) -> tuple[Rows, dict[str, str], dict[str, int], bool]:
+    """(rows, categories, prompt tokens, measured with --reuse-prompt) of a saved ``--json``
+    file (files from before 11-30 lack the categories and token counts: they are taken from
+    the prompt set and the model's tokenizer)."""
     data = json.loads(path.read_text())
     rows: Rows = {
         pid: {n: [tuple(run) for run in runs] for n, runs in by.items()}  # type: ignore[misc]
@@ -267,7 +269,50 @@ def report_saved(path: Path, model: str) -> int:
         lm = LlamaCppLM(resolve(a.get("model", model)), n_ctx=4096, n_threads=1)
         categories = {pid: prompts[pid].category for pid in rows}
         tokens = {pid: len(encode_prompt(lm, prompts[pid].text, chat=True)) for pid in rows}
-    report(rows, categories, tokens, end_to_end=not data["args"].get("reuse_prompt", False))
+    return rows, categories, tokens, bool(data["args"].get("reuse_prompt", False))
+
+
+def pooled(
+    runs: list[tuple[Rows, dict[str, str], dict[str, int]]],
+) -> tuple[Rows, dict[str, str], dict[str, int]]:
+    """Several saved runs as one: each prompt of run i is keyed ``<id> #i``, and only the
+    decoders every run has are kept (in the first run's order)."""
+    names = [
+        n
+        for n in next(iter(runs[0][0].values()))
+        if all(n in next(iter(r.values())) for r, _, _ in runs)
+    ]
+    rows: Rows = {}
+    categories: dict[str, str] = {}
+    tokens: dict[str, int] = {}
+    for i, (r, cats, toks) in enumerate(runs, start=1):
+        for pid, by in r.items():
+            key = f"{pid} #{i}"
+            rows[key] = {n: by[n] for n in names}
+            categories[key], tokens[key] = cats[pid], toks[pid]
+    return rows, categories, tokens
+
+
+def report_saved(paths: list[Path], model: str) -> int:
+    """The report of one saved ``--json`` file, or of several pooled (see ``pooled``)."""
+    loaded = [load_saved(p, model) for p in paths]
+    if len(loaded) == 1:
+        rows, categories, tokens, reuse = loaded[0]
+        report(rows, categories, tokens, end_to_end=not reuse)
+        return 0
+    print(
+        f"{len(paths)} runs pooled ({', '.join(p.name for p in paths)}); a prompt measured in "
+        "several runs counts once per run, so the bootstrap intervals, which treat the pooled "
+        "prompts as independent, are narrower than they should be"
+    )
+    rows, categories, tokens = pooled([(r, c, t) for r, c, t, _ in loaded])
+    report(
+        rows,
+        categories,
+        tokens,
+        end_to_end=not any(reuse for *_, reuse in loaded),
+        floor_rule="the same rule on the pooled runs, chosen after them",
+    )
     return 0
 
 
@@ -342,7 +387,11 @@ def main() -> int:
         "--resume", action="store_true", help="keep the complete prompts of the --json file"
     )
     ap.add_argument(
-        "--from-json", type=Path, default=None, help="print the report of a saved --json file"
+        "--from-json",
+        type=Path,
+        action="append",
+        default=None,
+        help="print the report of a saved --json file (repeatable: the runs pooled)",
     )
     args = ap.parse_args()
     if args.from_json:

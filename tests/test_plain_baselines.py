@@ -159,3 +159,19 @@ def test_resume_keeps_complete_prompts_of_a_run_with_the_same_arguments(tmp_path
     assert kept["p1"]["auto"] == [(1.0, 5.0, 63)] * 2
     with pytest.raises(SystemExit, match="repeats"):
         resumed_rows(path, args | {"repeats": 3}, ["llama-cpp-python", "auto"])
+
+
+def test_pooled_runs_key_each_prompt_by_run_and_keep_the_common_decoders() -> None:
+    from plain_baselines import pooled
+
+    one = [(1.0, 5.0, 63)]
+    run1 = (
+        {"p": {"llama-cpp-python": one, "specdec plain": one, "auto": one}},
+        {"p": "a"},
+        {"p": 5},
+    )
+    run2 = ({"p": {"llama-cpp-python": one, "auto": one}}, {"p": "a"}, {"p": 5})
+    rows, cats, toks = pooled([run1, run2])
+    assert list(rows) == ["p #1", "p #2"]
+    assert list(rows["p #1"]) == ["llama-cpp-python", "auto"]  # specdec plain: run 2 lacks it
+    assert cats == {"p #1": "a", "p #2": "a"} and toks == {"p #1": 5, "p #2": 5}
