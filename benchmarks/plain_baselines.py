@@ -16,7 +16,8 @@
 Prompt by prompt, each decoder runs once per repeat, in an order rotated per prompt and
 repeat, so slow drift hits them alike; the script prints decode tokens/s, prefill seconds and
 the ratios B/A (and C/A) per prompt, their geometric means, and per category the geometric
-mean over its prompts with a 90 % bootstrap interval over prompts (seeded). With ``auto``
+mean over its prompts with a 90 % bootstrap interval over prompts (seeded; the bench's
+cluster bootstrap). With ``auto``
 among the decoders it also prints the verdict of issue 11's floor, fixed before any run:
 ``auto`` at >= 0.95x of llama-cpp-python's loop (the geometric mean over each category's
 prompts) on every category. Greedy, the same thread count for all.
@@ -40,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import statistics
 import sys
 import time
@@ -121,19 +121,19 @@ def gmean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def bootstrap_gmean(
-    xs: list[float], *, resamples: int = 2000, level: float = 0.90, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of the geometric mean of the ratios ``xs`` (one per
-    prompt), resampling prompts with a fixed seed: how far the category's figure could move
-    with other prompts of the same kind (the noise of each prompt's runs is inside it)."""
-    assert xs and 0.0 < level < 1.0
-    rng = random.Random(seed)
-    logs = [math.log(x) for x in xs]
-    means = sorted(sum(rng.choice(logs) for _ in logs) / len(logs) for _ in range(resamples))
-    lo = means[int((1.0 - level) / 2.0 * resamples)]
-    hi = means[math.ceil((1.0 + level) / 2.0 * resamples) - 1]
-    return math.exp(lo), math.exp(hi)
+def prompt_of(key: str) -> str:
+    """The prompt id of a row key (``pooled`` keys a prompt of run i as ``<id> #i``)."""
+    return key.split(" #", 1)[0]
+
+
+def interval(xs: list[float], keys: list[str]) -> tuple[float, float]:
+    """90 % bootstrap interval of the geometric mean of the per-prompt ratios ``xs``,
+    resampling prompts (``bench.analysis``' cluster bootstrap, seeded): a prompt measured in
+    several pooled runs is one unit. How far the category's figure could move with other
+    prompts of the same kind (the noise of each prompt's runs is inside it)."""
+    from specdec.bench.analysis import cluster_bootstrap_geomean
+
+    return cluster_bootstrap_geomean(xs, [prompt_of(k) for k in keys], level=0.90)
 
 
 def floor_verdict(by_category: dict[str, float], floor: float = FLOOR) -> tuple[bool, str]:
@@ -183,10 +183,11 @@ def report(
     for n, against, r in pairs:
         cells, spans = [], []
         for c in cats:
+            keys = [pid for pid in pids if categories[pid] == c]
             xs = [x for pid, x in zip(pids, r, strict=True) if categories[pid] == c]
             by_cat.setdefault((n, against), {})[c] = gmean(xs)
             cells.append(f"{gmean(xs):.3f} [{min(xs):.2f}, {max(xs):.2f}]")
-            lo, hi = bootstrap_gmean(xs)
+            lo, hi = interval(xs, keys)
             spans.append(f"({lo:.3f}, {hi:.3f})")
         print(f"  {(n + ' / ' + against)[:44]:44} " + " ".join(f"{x:>22}" for x in cells))
         print(f"  {'   90 % bootstrap over prompts':44} " + " ".join(f"{x:>22}" for x in spans))
@@ -302,8 +303,7 @@ def report_saved(paths: list[Path], model: str) -> int:
         return 0
     print(
         f"{len(paths)} runs pooled ({', '.join(p.name for p in paths)}); a prompt measured in "
-        "several runs counts once per run, so the bootstrap intervals, which treat the pooled "
-        "prompts as independent, are narrower than they should be"
+        "several runs counts once per run in the means, and is one unit of the bootstrap"
     )
     rows, categories, tokens = pooled([(r, c, t) for r, c, t, _ in loaded])
     report(

@@ -82,6 +82,11 @@ def test_bootstrap_resamples_prompts_not_measurements() -> None:
     vals, cls = [1.0, 4.0], ["a", "b"]
     lo, hi = cluster_bootstrap_geomean(vals, cls)
     assert lo == pytest.approx(1.0) and hi == pytest.approx(4.0)  # extremes of 2 clusters
+    # a narrower level gives an interval inside the wider one
+    vals, cls = [0.9, 0.95, 1.0, 1.02, 1.1, 0.97], ["a", "b", "c", "d", "e", "f"]
+    lo95, hi95 = cluster_bootstrap_geomean(vals, cls)
+    lo90, hi90 = cluster_bootstrap_geomean(vals, cls, level=0.90)
+    assert lo95 < lo90 < hi90 < hi95
 
 
 def test_acceptance_is_pooled_from_counts() -> None:

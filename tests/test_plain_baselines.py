@@ -3,6 +3,7 @@ llama-cpp-python's loop and specdec's are credited the same tokens for the same 
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -135,15 +136,16 @@ def test_the_floor_verdict_flips_with_one_category(
     assert "end to end: not measured" in out
 
 
-def test_bootstrap_interval_brackets_the_mean_and_is_seeded() -> None:
-    from plain_baselines import bootstrap_gmean, gmean
+def test_the_interval_resamples_prompts_so_pooled_copies_of_one_prompt_are_one_unit() -> None:
+    from plain_baselines import gmean, interval
 
     xs = [0.90, 0.95, 1.00, 1.02, 1.10, 0.97]
-    lo, hi = bootstrap_gmean(xs)
+    lo, hi = interval(xs, [f"p{i}" for i in range(6)])
     assert lo < gmean(xs) < hi
-    assert min(xs) <= lo and hi <= max(xs)
-    assert bootstrap_gmean(xs) == (lo, hi)  # a fixed seed: the same interval every time
-    assert bootstrap_gmean([1.03] * 5) == pytest.approx((1.03, 1.03))
+    assert interval(xs, [f"p{i}" for i in range(6)]) == (lo, hi)  # seeded
+    # one prompt in three pooled runs: a single unit, so no interval
+    lo, hi = interval([0.9, 1.0, 1.1], ["p #1", "p #2", "p #3"])
+    assert math.isnan(lo) and math.isnan(hi)
 
 
 def test_resume_keeps_complete_prompts_of_a_run_with_the_same_arguments(tmp_path: Path) -> None:

@@ -147,9 +147,15 @@ class Spread:
 
 
 def cluster_bootstrap_geomean(
-    values: Sequence[float], clusters: Sequence[str], n_boot: int = N_BOOT, seed: int = BOOT_SEED
+    values: Sequence[float],
+    clusters: Sequence[str],
+    n_boot: int = N_BOOT,
+    seed: int = BOOT_SEED,
+    level: float = 0.95,
 ) -> tuple[float, float]:
-    """95 % percentile-bootstrap CI of the geometric mean, resampling whole clusters."""
+    """Percentile-bootstrap CI (``level``, 95 % by default) of the geometric mean, resampling
+    whole clusters."""
+    assert 0.0 < level < 1.0
     logs = np.log(np.asarray(values, dtype=np.float64))
     ids = sorted(set(clusters))
     if len(ids) < 2:
@@ -161,7 +167,7 @@ def cluster_bootstrap_geomean(
     rng = np.random.default_rng(seed)
     draw = rng.integers(0, len(ids), size=(n_boot, len(ids)))  # [B, C]
     means = sums[draw].sum(axis=1) / counts[draw].sum(axis=1)  # [B]
-    lo, hi = np.percentile(means, [2.5, 97.5])
+    lo, hi = np.percentile(means, [50.0 * (1.0 - level), 50.0 * (1.0 + level)])
     return float(np.exp(lo)), float(np.exp(hi))
 
 
