@@ -279,6 +279,7 @@ def load(
     n_threads: int | None = None,
     auto: bool = False,
     draft_window: int | None = None,
+    exact: bool = False,
 ) -> Pair:
     """Load a target and a draft (models come from the verified store, a local GGUF file or a
     transformers directory) and check that they share one tokenizer.
@@ -301,6 +302,11 @@ def load(
                      context (an int >= 1, below ``n_ctx``): its prefill of a long prompt
                      shrinks to that many tokens, and the output stays the target's
                      (lossless). Needs a named draft model (not "default" or ``auto``).
+    exact:           exact numerics for the target (llama.cpp; ``models.exact``): every
+                     token's logits are the same whatever the number of tokens in its pass,
+                     so the output is plain decoding's token for token (greedy) and sampled
+                     output follows plain decoding's distribution exactly. Slower decode and
+                     prefill on CPUs where llama.cpp's batched kernels are faster.
     """
     if draft_window is not None and (auto or draft == MACHINE_DEFAULT):
         raise ConfigError(
@@ -331,16 +337,17 @@ def load(
         target_backend = choice.target_backend
         draft = choice.draft_ref if choice.speculative else "none"
 
-    def config(model: str, backend: str) -> ModelConfig:
-        return ModelConfig(model, backend, device, dtype, n_ctx, n_threads)
+    def config(model: str, backend: str, exact: bool = False) -> ModelConfig:
+        return ModelConfig(model, backend, device, dtype, n_ctx, n_threads, exact)
 
     model_free = draft is None or is_model_free(draft)
     draft_ref = draft if model_free else config(str(draft), draft_backend)
     costs = None
     if is_planned(draft):  # the choice's costs when a profile measured them, else measured
-        costs = choice.costs_or(measured_costs) if choice is not None else measured_costs
+        # (a profile times llama.cpp's default kernels, not those of exact numerics)
+        costs = measured_costs if choice is None or exact else choice.costs_or(measured_costs)
     draft_obj, target_lm = load_pair(
-        draft_ref, config(target, target_backend), costs=costs, draft_window=draft_window
+        draft_ref, config(target, target_backend, exact), costs=costs, draft_window=draft_window
     )
     return Pair(target_lm, draft_obj, choice)
 

@@ -226,6 +226,12 @@ def drafter_report(drafter: Drafter | None) -> dict[str, Any]:
     return dict(report()) if callable(report) else {}
 
 
+def numerics_report(target: CausalLM) -> dict[str, Any]:
+    """``{"exact": True}`` when the target runs exact numerics (``models.exact``): the output
+    is then plain decoding's token for token; empty otherwise."""
+    return {"exact": True} if getattr(target, "exact", False) else {}
+
+
 def validate_request(prompt_ids: Sequence[int], max_new_tokens: int, n_ctx: int) -> None:
     if len(prompt_ids) == 0:
         raise EmptyPromptError("the prompt is empty (it encodes to zero tokens)")
@@ -417,7 +423,7 @@ def _run(
         t_prefill=t_prefill,
         t_total=time.perf_counter() - t_start,
         drafter=getattr(drafter, "name", "none") if drafter is not None else "none",
-        extra=drafter_report(drafter),
+        extra={**drafter_report(drafter), **numerics_report(target)},
     )
 
 

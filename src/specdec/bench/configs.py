@@ -123,7 +123,7 @@ def short_name(cfg: ModelConfig) -> str:
     if backend == "hf":
         dt = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(cfg.dtype, cfg.dtype)
         return f"hf-{dt}"
-    return backend
+    return backend + ("-exact" if cfg.exact else "")
 
 
 def default_label(
@@ -194,6 +194,7 @@ _MODEL_KEYS = ("backend", "device", "dtype")
 _KNOWN = {
     "draft",
     "draft_window",
+    "exact",
     "k",
     "target",
     "label",
@@ -203,6 +204,12 @@ _KNOWN = {
     *_MODEL_KEYS,
     *(f"{role}_{k}" for role in ("draft", "target") for k in _MODEL_KEYS),
 }
+
+
+def _flag(key: str, value: str) -> bool:
+    if value not in ("0", "1"):
+        raise ConfigError(f"configuration key {key} takes 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _int(key: str, value: str) -> int:
@@ -236,9 +243,19 @@ def parse_config(spec: str) -> BenchConfig:
     n_ctx = _int("n_ctx", kv["n_ctx"]) if "n_ctx" in kv else DEFAULT_N_CTX
     n_threads = _int("n_threads", kv["n_threads"]) if "n_threads" in kv else None
 
+    exact = _flag("exact", kv["exact"]) if "exact" in kv else False
+
     def model(role: str, ref: str) -> ModelConfig:
         opts = {k: kv.get(f"{role}_{k}", kv.get(k, "auto")) for k in _MODEL_KEYS}
-        return ModelConfig(model=ref, n_ctx=n_ctx, n_threads=n_threads, **opts)
+        return ModelConfig(
+            model=ref,
+            backend=opts["backend"],
+            device=opts["device"],
+            dtype=opts["dtype"],
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+            exact=exact and role == "target",
+        )
 
     target = model("target", kv["target"])
     draft: ModelConfig | None = None

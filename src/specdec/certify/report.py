@@ -15,6 +15,13 @@ from .mock_level import Level2Result
 from .real import Level3Result
 from .synthetic import Level1Result
 
+NUMERICS_WORDS = {
+    "exact": "exact (a token's logits are bit-identical in a pass of any size; checked at load "
+    "and by the batch-invariance probe below), so plain decoding means the same numerics",
+    "default": "the backend's default (a token's logits may depend on how many tokens share "
+    "its pass)",
+}
+
 VERDICT_WORDS = {
     PASS: "PASS: no evidence of loss",
     WARN: "PASS WITH CAVEATS",
@@ -170,11 +177,25 @@ class Certificate:
                 "Reference (a) is the rows of the run's own verify passes, checked against the "
                 "output and reproduced by a full replay on the plain-scored sequences; a backend "
                 "whose logits change between identical calls fails that check.",
-                "Greedy bit-exactness with plain decoding is not expected on a backend whose "
-                "logits depend on the batch shape; near-ties are explained, not excluded.",
+                self._plain_means(),
                 "Speed is not certified here (see specdec bench).",
             ]
         return out
+
+    def _plain_means(self) -> str:
+        """What "plain decoding" is compared against, by the target's numerics."""
+        numerics = (self.header.get("target_runtime") or {}).get("numerics")
+        if numerics == "exact":
+            return (
+                "Plain decoding here is the target one token per pass in the same exact "
+                "numerics (llama.cpp with flash attention, an F16/Q8_0 KV cache, no repacked or "
+                "tiled kernels); llama.cpp's default settings compute other logits, so nothing "
+                "is shown against plain decoding in those."
+            )
+        return (
+            "Greedy bit-exactness with plain decoding is not expected on a backend whose "
+            "logits depend on the batch shape; near-ties are explained, not excluded."
+        )
 
     def to_markdown(self) -> str:
         h = self.header
@@ -192,6 +213,9 @@ class Certificate:
         ]
         if h.get("draft") or h.get("target"):
             lines.append(f"- draft: `{h.get('draft')}`; target: `{h.get('target')}`")
+        numerics = (h.get("target_runtime") or {}).get("numerics")
+        if numerics is not None:
+            lines.append(f"- target numerics: {NUMERICS_WORDS.get(numerics, numerics)}")
         if h.get("prompts"):
             lines.append(f"- prompts: {h['prompts']}")
         if h.get("fault"):

@@ -80,6 +80,8 @@ def runtime_info(model: object) -> dict[str, str] | None:
         value = getattr(model, attr, None)
         if value is not None:
             info[attr] = str(value)
+    if hasattr(model, "exact"):  # the llama.cpp backend: which numerics (models.exact)
+        info["numerics"] = "exact" if model.exact else "default"
     return info
 
 

@@ -176,6 +176,8 @@ def _command(args: argparse.Namespace) -> str:
         parts += ["--device", args.device, "--dtype", args.dtype, "--chat", args.chat]
         if args.draft_window is not None:
             parts += ["--draft-window", str(args.draft_window)]
+        if args.exact:
+            parts.append("--exact")
     return " ".join(shlex.quote(x) for x in parts)
 
 

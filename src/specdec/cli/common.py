@@ -76,6 +76,13 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
         "--threads", type=int, default=None, help=f"CPU threads (default: all, {os.cpu_count()})"
     )
     g.add_argument("--n-ctx", type=int, default=n_ctx, help="context window to allocate")
+    g.add_argument(
+        "--exact",
+        action="store_true",
+        help="exact numerics for the target (llama.cpp): a token's logits do not depend on "
+        "how many tokens share its pass, so speculative output is plain decoding's, token for "
+        "token; costs decode and prefill speed (docs/certify.md)",
+    )
 
 
 DEFAULT_K = 6  # drafts per round when the user names a drafter but no K
@@ -171,6 +178,7 @@ def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
         dtype=args.target_dtype or args.dtype,
         n_ctx=args.n_ctx,
         n_threads=args.threads,
+        exact=getattr(args, "exact", False),
     )
     draft: DraftRef
     if is_model_free(args.draft):

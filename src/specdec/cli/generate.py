@@ -165,6 +165,8 @@ def stats_line(res: GenerationResult, label: str = "") -> str:
     ]
     if acc:
         parts.append(f"acceptance by position {acc}")
+    if res.extra.get("exact"):
+        parts.append("exact numerics")
     if "draft_window" in res.extra:  # the draft's prefill (in TTFT) covers only the window
         parts.append(
             f"draft window {res.extra['draft_window']} ({res.extra['draft_rebases']} re-bases)"
@@ -209,7 +211,9 @@ def run(args: argparse.Namespace) -> int:
         draft_cfg = (
             auto.draft_ref
             if is_model_free(auto.draft_ref)
-            else dataclasses.replace(target_cfg, model=auto.draft_ref, backend=args.draft_backend)
+            else dataclasses.replace(
+                target_cfg, model=auto.draft_ref, backend=args.draft_backend, exact=False
+            )
         )
         if not auto.speculative:
             draft_cfg = "none"
@@ -218,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     draft, target = load_pair(
         draft_cfg if args.k > 0 or auto else "none",
         target_cfg,
-        costs=_cost_provider(auto) if is_planned(draft_cfg) else None,
+        costs=_cost_provider(None if target_cfg.exact else auto) if is_planned(draft_cfg) else None,
         draft_window=args.draft_window,
     )
     t_load = time.perf_counter() - t0
@@ -331,8 +335,9 @@ def _default_choice(args: argparse.Namespace, prompt: str) -> Any:
 
 
 def _cost_provider(auto: Any) -> Any:
-    """The target's costs for a planned drafter: the profile's when the choice came from one,
-    else measured once on this machine and cached."""
+    """The target's costs for a planned drafter: the profile's when the choice came from one
+    (None for exact numerics, whose kernels the profile did not time), else measured once on
+    this machine and cached."""
     from specdec.profiler.target_costs import cached_target_costs
 
     def measure(cfg: Any, lm: CausalLM) -> Any:

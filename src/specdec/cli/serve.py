@@ -168,6 +168,7 @@ def _load(args: argparse.Namespace) -> Pair:
             n_ctx=args.n_ctx,
             n_threads=args.threads,
             auto=args.auto,
+            exact=args.exact,
         )
         if pair.auto is not None:
             how = "auto" if args.auto else "default"

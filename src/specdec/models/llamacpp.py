@@ -14,6 +14,21 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
   checked afterwards.
 * ``n_ubatch`` / ``n_threads_batch``: llama.cpp's physical batch and the threads used for
   passes over more than one token.
+* ``exact=True``: every logits row is bit-identical whatever the number of tokens in its pass,
+  so speculative output equals plain decoding's token for token (``models.exact``). On ggml's
+  CPU backend a row's bits depend on the pass size through four kernel switches, each
+  avoided here: the repacked weights' gemm (4+ rows; repack is turned off), the tiled K-quant
+  path (8+ rows; ``GGML_CPU_TILED_MM=0`` for the whole process, as ggml reads it once),
+  attention without flash attention (batched F16 mat-muls from 2 rows; flash attention is
+  turned on) and flash attention's one-token path, which splits the KV range across threads
+  once 512+ cells are in use (only when K and V have the same F16/F32 type, so the cache
+  holds F16 keys and Q8_0 values: F16 values would take that split, and Q8_0 values measured
+  faster here than BF16 ones, whose per-cell conversion made decode at 1,500 tokens 3x slower
+  on the small test model).
+  Every row then goes through one dot product per output element, which does not depend
+  on the batch. The model checks itself at load (``models.exact.self_check``) and refuses
+  to run if any row differs. It costs decode speed where repacked kernels are faster, and
+  prefill speed (no tiled path); ``benchmarks/exact_cost.py`` measures both.
 * ``pad_to``: a pass over n real tokens with ``pad_min <= n < pad_to`` is run as ``pad_to``
   rows. The pad rows come after the real ones (so causal attention keeps them out of the real
   rows), are marked non-output, and their cache cells are removed right after the pass with
@@ -43,6 +58,9 @@ if TYPE_CHECKING:
 # Tokens per llama_decode call. Llama() also keeps an n_batch x vocab float buffer of its own.
 DEFAULT_N_BATCH = 128
 
+
+# KV cache element types the backend offers, by name -> ggml's type id (enum ggml_type)
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
 
 # Serialises loads that temporarily wrap llama_model_default_params (see _model_params_set).
 # Code outside this module that builds a Llama() on another thread during such a load would
@@ -88,6 +106,31 @@ def _model_params_set(llama_cpp: Any, **fields: Any) -> Iterator[None]:
             yield
         finally:
             low.llama_model_default_params = original
+
+
+# ggml reads this once per process, at its first K-quant matrix product
+TILED_ENV = "GGML_CPU_TILED_MM"
+EXACT_KV = ("f16", "q8_0")  # K and V cache types under exact numerics (see the module doc)
+
+
+def _exact_settings(
+    repack: bool | None, flash_attn: bool, type_k: str, type_v: str
+) -> tuple[bool, bool, str, str]:
+    """The settings exact numerics need (refusing contradicting ones), and ggml's tiled K-quant
+    path switched off for this process unless the environment already says so."""
+    if repack:
+        raise ConfigError("exact numerics need repack off (llama.cpp's repacked gemm is batched)")
+    if (type_k, type_v) not in (("f16", "f16"), EXACT_KV):
+        raise ConfigError(
+            f"exact numerics set the KV cache types themselves ({'/'.join(EXACT_KV)})"
+        )
+    tiled = os.environ.setdefault(TILED_ENV, "0")
+    if tiled.strip() != "0":
+        raise ConfigError(
+            f"exact numerics need ggml's tiled matrix path off, but {TILED_ENV}={tiled!r} is set"
+        )
+    del flash_attn  # exact numerics always run flash attention
+    return False, True, *EXACT_KV
 
 
 def default_pad_min(pad_to: int) -> int:
@@ -182,17 +225,26 @@ class LlamaCppLM:
         n_threads: int | None = None,
         n_batch: int = DEFAULT_N_BATCH,
         device: str = "auto",
-        repack: bool = True,
+        repack: bool | None = None,
         n_ubatch: int | None = None,
         n_threads_batch: int | None = None,
         pad_to: int | None = None,
         pad_min: int | None = None,
+        flash_attn: bool = False,
+        type_k: str = "f16",
+        type_v: str = "f16",
+        exact: bool = False,
         verbose: bool = False,
     ) -> None:
         """n_ubatch defaults to n_batch, n_threads_batch to n_threads (both as before these
         options existed), verbose shows llama.cpp's load log; pad_min defaults to
-        ``default_pad_min(pad_to)``. See the module docstring for repack and padding."""
+        ``default_pad_min(pad_to)``. repack defaults to on (off with ``exact``). See the
+        module docstring for repack, padding and exact numerics."""
         from specdec.hub.gguf import check_gguf_header
+
+        if exact:
+            repack, flash_attn, type_k, type_v = _exact_settings(repack, flash_attn, type_k, type_v)
+        repack = True if repack is None else repack
 
         if n_ctx < 2:
             raise ConfigError(f"n_ctx must be >= 2, got {n_ctx}")
@@ -225,6 +277,9 @@ class LlamaCppLM:
                 "repack=False needs a newer llama-cpp-python: this one's "
                 "llama_model_params has no use_extra_bufts field"
             )
+        for label, kv in (("type_k", type_k), ("type_v", type_v)):
+            if kv not in KV_TYPES:
+                raise ConfigError(f"{label} must be one of {', '.join(KV_TYPES)}, got {kv!r}")
         threads = n_threads or max(1, os.cpu_count() or 1)
         overrides = {} if repack else {"use_extra_bufts": False}
         try:
@@ -239,6 +294,9 @@ class LlamaCppLM:
                     logits_all=False,
                     # offload every layer unless the CPU was asked for (a CPU build ignores it)
                     n_gpu_layers=0 if device == "cpu" else -1,
+                    flash_attn=flash_attn,
+                    type_k=KV_TYPES[type_k],
+                    type_v=KV_TYPES[type_v],
                     verbose=verbose,
                 )
         except Exception as e:  # llama-cpp-python raises ValueError/RuntimeError
@@ -247,6 +305,9 @@ class LlamaCppLM:
             loaded = bool(self.llm.model_params.use_extra_bufts)
             assert loaded == repack, "use_extra_bufts did not reach the model params"
         self.repack = repack
+        self.flash_attn = flash_attn
+        self.type_k, self.type_v = type_k, type_v
+        self.exact = exact
         self.n_ubatch = int(self.llm.context_params.n_ubatch)
         self.n_threads = int(self.llm.context_params.n_threads)
         self.n_threads_batch = int(self.llm.context_params.n_threads_batch)
@@ -269,6 +330,10 @@ class LlamaCppLM:
         weakref.finalize(self, llama_cpp.llama_batch_free, self._batch)
         self._memory = llama_cpp.llama_get_memory(self.llm.ctx)
         self._seq_rm(0)
+        if exact:
+            from specdec.models.exact import self_check
+
+            self_check(self, path.name)
 
     @property
     def tokenizer(self) -> LlamaCppTokenizer:

@@ -25,6 +25,10 @@ class ModelConfig:
               CPUs that support it, fp16 on GPUs, fp32 otherwise).
     n_ctx:    context window to allocate (llama.cpp's logits buffer is n_ctx x vocab floats).
     n_threads: CPU threads (None: backend default).
+    exact:    exact numerics: every logits row bit-identical whatever the number of tokens
+              in its pass, so speculative output is plain decoding's token for token
+              (``models.exact``; the llama.cpp backend's ``exact`` mode, checked at load; the
+              mock models are exact by construction; transformers has no such mode).
     """
 
     model: str
@@ -33,6 +37,7 @@ class ModelConfig:
     dtype: str = "auto"
     n_ctx: int = 2048
     n_threads: int | None = None
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -43,6 +48,11 @@ class ModelConfig:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.n_ctx < 2:
             raise ConfigError(f"n_ctx must be >= 2, got {self.n_ctx}")
+        if self.exact and self.resolved_backend() == "hf":
+            raise ConfigError(
+                "exact numerics are a mode of the llama.cpp backend: transformers' CPU "
+                "kernels give a token other logits inside a longer pass (docs/certify.md)"
+            )
 
     def resolved_backend(self) -> str:
         if self.backend != "auto":
@@ -56,7 +66,7 @@ class ModelConfig:
     def label(self) -> str:
         b = self.resolved_backend()
         extra = f"/{self.dtype}" if b == "hf" else ""
-        return f"{self.model}@{b}{extra}"
+        return f"{self.model}@{b}{extra}{'/exact' if self.exact else ''}"
 
 
 def load_mock(ref: str, n_ctx: int) -> CausalLM:
@@ -83,7 +93,12 @@ def load_model(cfg: ModelConfig) -> CausalLM:
     """Load (fetching and verifying store models first when needed)."""
     backend = cfg.resolved_backend()
     if backend == "mock":
-        return load_mock(cfg.model, cfg.n_ctx)
+        mock = load_mock(cfg.model, cfg.n_ctx)
+        if cfg.exact:  # exact by construction; checked like any model that claims it
+            from specdec.models.exact import self_check
+
+            self_check(mock, cfg.model)
+        return mock
     from specdec.hub import resolve
 
     try:
@@ -105,7 +120,9 @@ def load_model(cfg: ModelConfig) -> CausalLM:
             raise ModelLoadError(f"the llama.cpp backend needs a GGUF file, got {path}")
         from specdec.models.llamacpp import LlamaCppLM
 
-        return LlamaCppLM(path, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, device=cfg.device)
+        return LlamaCppLM(
+            path, n_ctx=cfg.n_ctx, n_threads=cfg.n_threads, device=cfg.device, exact=cfg.exact
+        )
     from specdec.models.hf import load_hf
 
     return load_hf(

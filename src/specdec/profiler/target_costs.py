@@ -38,6 +38,8 @@ def costs_key(cfg: ModelConfig) -> str:
         "repeats": REPEATS,
         "ns": list(PROFILE_NS),
     }
+    if cfg.exact:  # other kernels, other costs (absent otherwise, so older keys still hold)
+        settings["exact"] = True
     return cache.profile_key(target=cfg.model, drafts=(), settings=settings, prompts=[])
 
 

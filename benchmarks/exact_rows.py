@@ -1,0 +1,183 @@
+"""Per-row bitwise invariance: is each row of an n-token pass the same, bit for bit, as the row
+a one-token pass gives for the same context?
+
+For a GGUF (path or store name), each setting below runs in a process of its own (ggml reads
+GGML_CPU_TILED_MM once per process). In each, for every thread count and context length, the
+context is prefilled once (real text: the Spec-Bench questions), the next max(n) tokens are
+scored one per pass, and, after rolling back, the first n of them in one pass for every n;
+rows are compared with ``torch.eq`` (no tolerance). Prints, per setting, threads and
+context, the first differing row of each pass size ('.' when all rows are identical) and the
+largest logit difference, and writes JSON with ``--json``.
+
+  exact            LlamaCppLM(exact=True): repack off, tiled K-quant path off, flash
+                   attention, F16 keys / Q8_0 values (models/llamacpp.py)
+  default          llama.cpp as llama-cpp-python loads it (repack on, no flash attention,
+                   tiled path on)
+  exact_f16_cache  exact without its cache types (F16 keys and values): flash attention's
+                   one-token path then splits the KV range across threads from 512 cells on
+  hf_float32 / hf_bfloat16   the transformers backend on the same GGUF (dequantized)
+
+    PYTHONPATH=src python benchmarks/exact_rows.py MODEL [--settings exact,default]
+        [--threads 1,2,3] [--contexts 20,600,1100] [--ns 1-16] [--json out.json]
+
+tests/test_exact.py runs the worker of this script on the small test model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# name -> (extra environment, loader options); "hf_*" load through the transformers backend
+SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    "exact": ({}, {"exact": True}),
+    "default": ({}, {}),
+    "exact_f16_cache": ({"GGML_CPU_TILED_MM": "0"}, {"repack": False, "flash_attn": True}),
+    "hf_float32": ({}, {"dtype": "float32"}),
+    "hf_bfloat16": ({}, {"dtype": "bfloat16"}),
+}
+
+
+def parse_ints(text: str) -> list[int]:
+    """'1,2,8' or '1-16' (or a mix: '1-4,8')."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        out.update(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    return sorted(out)
+
+
+def context_ids(lm: Any, n: int) -> list[int]:
+    """n tokens of real text (the Spec-Bench questions, repeated as needed)."""
+    from specdec.bench.prompts import load_spec_bench
+
+    text = "\n".join(p.text for p in load_spec_bench())
+    ids = lm.tokenizer.encode(text, add_special_tokens=False)
+    return (ids * (n // len(ids) + 1))[:n]
+
+
+def load(model: str, setting: str, threads: int, n_ctx: int) -> Any:
+    from specdec.hub import resolve
+
+    options = SETTINGS[setting][1]
+    path = resolve(model, fetch=False)
+    if setting.startswith("hf_"):
+        from specdec.models.hf import load_hf
+
+        return load_hf(path, n_ctx=n_ctx, n_threads=threads, **options)
+    from specdec.models.llamacpp import LlamaCppLM
+
+    return LlamaCppLM(path, n_ctx=n_ctx, n_threads=threads, **options)
+
+
+def worker(
+    model: str, setting: str, threads: list[int], contexts: list[int], ns: list[int]
+) -> None:
+    """Runs in the subprocess; prints one JSON object {threads: {context: {n: [first row or
+    None, max |diff|]}}}."""
+    from specdec.models.exact import check_rows_exact
+
+    out: dict[str, dict[str, dict[str, list[Any]]]] = {}
+    for th in threads:
+        lm = load(model, setting, th, max(contexts) + max(ns) + 8)
+        out[str(th)] = {}
+        for c in contexts:
+            ids = context_ids(lm, c + max(ns))
+            checks = check_rows_exact(lm, ids[:c], ids[c:], ns)
+            out[str(th)][str(c)] = {str(k.n): [k.first_row, k.max_abs] for k in checks}
+        del lm
+    print(json.dumps(out), flush=True)
+
+
+def run_setting(
+    model: str, setting: str, threads: list[int], contexts: list[int], ns: list[int]
+) -> dict[str, Any]:
+    """The worker in a fresh process (PYTHONPATH gets this checkout's src/)."""
+    env = {**os.environ, **SETTINGS[setting][0]}
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, str(Path(__file__).resolve()), model, "--worker", setting]
+    cmd += ["--threads", ",".join(map(str, threads)), "--contexts", ",".join(map(str, contexts))]
+    cmd += ["--ns", ",".join(map(str, ns))]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-10:])
+        raise RuntimeError(f"setting {setting} failed (exit {proc.returncode}):\n{tail}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def format_table(results: dict[str, dict[str, Any]], ns: list[int]) -> str:
+    head = "| setting | threads | context | " + " ".join(f"{n:>2}" for n in ns) + " | max abs |"
+    lines = [head, "|---|---|---|---|---|"]
+    for name, by_threads in results.items():
+        for th, by_ctx in by_threads.items():
+            for c, row in by_ctx.items():
+                marks = " ".join(
+                    f"{'.' if row[str(n)][0] is None else row[str(n)][0]:>2}" for n in ns
+                )
+                worst = max(v[1] for v in row.values())
+                lines.append(f"| {name} | {th} | {c} | {marks} | {worst:.3g} |")
+    lines.append(
+        "('.': every row of that pass size identical to its one-token row; a number: "
+        "the first row that differs)"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model", help="a GGUF path or a store name")
+    ap.add_argument("--settings", default="exact,default,exact_f16_cache")
+    ap.add_argument("--threads", type=parse_ints, default=[1, 2, 3])
+    ap.add_argument("--contexts", type=parse_ints, default=[20, 600, 1100])
+    ap.add_argument("--ns", type=parse_ints, default=list(range(1, 17)))
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args.model, args.worker, args.threads, args.contexts, args.ns)
+        return 0
+    names = [s for s in args.settings.split(",") if s]
+    unknown = [s for s in names if s not in SETTINGS]
+    if unknown:
+        ap.error(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
+    t0 = time.perf_counter()
+    results = {}
+    for name in names:
+        print(f"[{name}] ...", file=sys.stderr, flush=True)
+        results[name] = run_setting(args.model, name, args.threads, args.contexts, args.ns)
+    print(format_table(results, args.ns))
+    if args.json:
+        from specdec.hub import resolve, sha256_file
+
+        path = resolve(args.model, fetch=False)
+        import llama_cpp
+
+        report = {
+            "model": str(path),
+            "model_sha256": sha256_file(path),
+            "llama_cpp_python": llama_cpp.__version__,
+            "system_info": llama_cpp.llama_print_system_info().decode(),
+            "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+            "threads": args.threads,
+            "contexts": args.contexts,
+            "ns": args.ns,
+            "seconds": time.perf_counter() - t0,
+            "results": results,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

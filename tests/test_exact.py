@@ -1,0 +1,202 @@
+"""Exact numerics: a token's logits do not depend on how many tokens share its pass, so
+speculative output is plain decoding's, token for token.
+
+The real-model tests use the small test model (SmolLM2-135M, Q4_1) and skip with a reason
+without it. The per-row checks run ``benchmarks/exact_rows.py``'s worker in subprocesses
+(ggml reads GGML_CPU_TILED_MM once per process); each has a fixture that must fail: llama.cpp's
+default settings, and exact numerics without their KV cache types at a long context.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from specdec.errors import ConfigError
+from specdec.models.exact import NotExactError, check_rows_exact, compare_rows, self_check
+from specdec.models.loader import ModelConfig, load_model
+from specdec.models.mock import MockLM
+from tiny_models import llama_cpp_or_skip, store_model_or_skip
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+
+def test_compare_rows_is_bitwise() -> None:
+    a = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert compare_rows(a, a.clone(), context=5).exact
+    b = a.clone()
+    b[2, 1] = torch.nextafter(b[2, 1], torch.tensor(100.0))  # one ulp in one element
+    check = compare_rows(b, a, context=5)
+    assert not check.exact and check.first_row == 2 and check.n == 3 and check.context == 5
+    assert 0 < check.max_abs < 1e-5
+
+
+class BatchDependentLM:
+    """A mock whose rows move by 1e-6 inside passes of more than one token, as a batched
+    kernel with another reduction order would."""
+
+    def __init__(self, inner: MockLM) -> None:
+        self.inner = inner
+        self.vocab_size, self.eos_token_ids, self.n_ctx = (
+            inner.vocab_size,
+            inner.eos_token_ids,
+            inner.n_ctx,
+        )
+        self.tokenizer = inner.tokenizer
+
+    @property
+    def n_cached(self) -> int:
+        return self.inner.n_cached
+
+    def extend(self, tokens: Sequence[int]) -> torch.Tensor:
+        rows = self.inner.extend(tokens)
+        return rows + 1e-6 if len(tokens) > 1 else rows
+
+    def truncate(self, n_keep: int) -> None:
+        self.inner.truncate(n_keep)
+
+
+def _mock() -> MockLM:
+    lm = load_model(ModelConfig("mock:target:64"))
+    assert isinstance(lm, MockLM)
+    return lm
+
+
+def test_the_mock_models_are_exact_and_a_batch_dependent_one_is_refused() -> None:
+    checks = check_rows_exact(_mock(), [1, 2, 3], list(range(4, 20)), range(1, 17))
+    assert [c.n for c in checks] == list(range(1, 17)) and all(c.exact for c in checks)
+    self_check(_mock(), "mock")  # passes
+    with pytest.raises(NotExactError, match="row 0 of a 9-token pass"):
+        self_check(BatchDependentLM(_mock()), "batch-dependent mock")  # type: ignore[arg-type]
+
+
+def test_exact_model_configs() -> None:
+    assert ModelConfig("mock:target", exact=True).label() == "mock:target@mock/exact"
+    assert load_model(ModelConfig("mock:target", exact=True)).n_cached == 0  # checked, emptied
+    with pytest.raises(ConfigError, match=r"llama\.cpp backend"):
+        ModelConfig("some/dir", backend="hf", exact=True)
+
+
+def test_exact_settings_refuse_what_contradicts_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specdec.models.llamacpp import TILED_ENV, _exact_settings
+
+    monkeypatch.delenv(TILED_ENV, raising=False)
+    assert _exact_settings(None, False, "f16", "f16") == (False, True, "f16", "q8_0")
+    import os
+
+    assert os.environ[TILED_ENV] == "0"  # set for this process (ggml reads it once)
+    with pytest.raises(ConfigError, match="repack"):
+        _exact_settings(True, False, "f16", "f16")
+    with pytest.raises(ConfigError, match="KV cache types"):
+        _exact_settings(None, False, "f32", "f16")
+    monkeypatch.setenv(TILED_ENV, "1")
+    with pytest.raises(ConfigError, match="GGML_CPU_TILED_MM='1'"):
+        _exact_settings(None, False, "f16", "f16")
+
+
+@pytest.fixture(scope="module")
+def smol() -> Path:
+    llama_cpp_or_skip()
+    return store_model_or_skip()
+
+
+def _rows(smol: Path, setting: str, threads: list[int], contexts: list[int], ns: list[int]) -> Any:
+    from exact_rows import run_setting
+
+    return run_setting(str(smol), setting, threads, contexts, ns)
+
+
+def _differing(result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(threads, context, n) of every pass with a row that differs."""
+    return [
+        (th, c, n)
+        for th, by_ctx in result.items()
+        for c, row in by_ctx.items()
+        for n, (first, _) in row.items()
+        if first is not None
+    ]
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+@pytest.mark.slow
+def test_every_row_of_every_pass_is_bit_identical_under_exact_numerics(smol: Path) -> None:
+    """n = 1..16 at a short context and past 512 KV cells (where flash attention's one-token
+    path would split the KV range across threads), at 1, 2 and 3 threads."""
+    ns = list(range(1, 17))
+    result = _rows(smol, "exact", [2], [20, 600, 1100], ns)
+    result.update(_rows(smol, "exact", [1, 3], [600], ns))
+    assert sorted(result) == ["1", "2", "3"]
+    assert _differing(result) == []
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+def test_llama_cpp_default_settings_are_not_batch_invariant(smol: Path) -> None:
+    """The fixture the per-row check must fail: llama.cpp's defaults (a batched kernel from 8
+    rows on this model)."""
+    result = _rows(smol, "default", [2], [20], [2, 9, 16])
+    assert ("2", "20", "16") in _differing(result)
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+def test_exact_needs_its_cache_types_past_512_cells(smol: Path) -> None:
+    """The second fixture: exact numerics with an F16 value cache at 600 tokens of context,
+    2 threads; the short context stays identical (no split below 512 cells)."""
+    result = _rows(smol, "exact_f16_cache", [2], [20, 600], [2, 8])
+    assert _differing(result) == [("2", "600", "2"), ("2", "600", "8")]
+
+
+def _llama_cpp_loop(llm: Any, prompt_ids: list[int], n: int) -> list[int]:
+    """llama-cpp-python's own greedy loop (``Llama.generate``) on a Llama object."""
+    out: list[int] = []
+    for tok in llm.generate(prompt_ids, top_k=1, temp=0.0, reset=True):
+        out.append(int(tok))
+        if len(out) == n or tok == llm.token_eos():
+            break
+    return out
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+@pytest.mark.slow
+def test_speculative_output_is_plain_decoding_token_for_token(
+    smol: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy, on the exact target: suffix drafts up to 16 tokens, prompt lookup and a draft
+    model (on llama.cpp's fast numerics: a draft only proposes) give plain decoding's tokens,
+    and so does llama-cpp-python's own loop on a second instance with the same settings, on
+    a short, a code and a 700+-token prompt."""
+    from specdec.bench.prompts import load_spec_bench
+    from specdec.decoding import generate
+    from specdec.drafters.suffix import SuffixDrafter
+    from specdec.models.llamacpp import LlamaCppLM
+    from specdec.pairs import parse_drafter
+    from specdec.prompting import encode_prompt
+
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "0")
+    target = LlamaCppLM(smol, n_ctx=2048, n_threads=2, exact=True)
+    other = LlamaCppLM(smol, n_ctx=2048, n_threads=2, exact=True)
+    draft = LlamaCppLM(smol, n_ctx=2048, n_threads=2)  # the fast default numerics
+    texts = [p.text for p in load_spec_bench()]
+    long_text = "Summarize these questions:\n" + "\n".join(texts[:16])
+    prompts = [
+        encode_prompt(target, "What is the capital of France?", chat=True),
+        encode_prompt(target, "def fibonacci(n):\n    ", chat=False),
+        encode_prompt(target, long_text, chat=True),
+    ]
+    assert len(prompts[2]) > 700
+    for ids in prompts:
+        plain = generate(target, None, ids, max_new_tokens=48, k=0).tokens
+        assert len(plain) > 8
+        for drafter, k in ((SuffixDrafter(), 16), (parse_drafter("ngram"), 8), (draft, 6)):
+            res = generate(target, drafter, ids, max_new_tokens=48, k=k)
+            assert res.tokens == plain, (drafter, len(ids))
+            assert res.extra.get("exact") is True
+        assert _llama_cpp_loop(other.llm, ids, len(plain)) == plain
