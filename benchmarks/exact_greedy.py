@@ -94,7 +94,7 @@ def run_prompt(
         if len(own) == len(plain.tokens) or int(tok) in other.eos_token_ids:
             break
     runs["llama-cpp-python"] = {"tokens": own, "seconds": time.perf_counter() - t0}
-    for name, r in runs.items():
+    for r in runs.values():
         r["first_difference"] = first_difference(r["tokens"], plain.tokens)
         r["identical"] = r["tokens"] == plain.tokens
     return runs
