@@ -17,10 +17,17 @@ import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
-from specdec.decoding import Generation, GenerationResult, RoundEvent, generate_stream
+from specdec.decoding import (
+    Generation,
+    GenerationResult,
+    RoundEvent,
+    as_drafter,
+    generate_stream,
+)
 from specdec.detokenize import IncrementalDecoder
 from specdec.drafters.base import Drafter
 from specdec.drafters.planned import PlannedSuffixDrafter
+from specdec.drafters.prediction import PredictionDrafter
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig
@@ -145,14 +152,43 @@ _P = ParamSpec("_P")
 
 class Pair:
     """A loaded target and its drafter (or none), ready to generate. ``auto`` is the
-    profile's choice when the pair was loaded with ``load(auto=True)``."""
+    profile's choice when the pair was loaded with ``load(auto=True)``; ``costs`` gives the
+    target's measured costs, which size the drafts of a prediction (``stream(prediction=)``;
+    without it a prediction drafts as far as K allows)."""
 
     def __init__(
-        self, target: CausalLM, draft: CausalLM | Drafter | None, auto: AutoChoice | None = None
+        self,
+        target: CausalLM,
+        draft: CausalLM | Drafter | None,
+        auto: AutoChoice | None = None,
+        costs: Callable[[], Costs] | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
         self.auto = auto
+        self._costs = costs
+
+    def target_costs(self) -> Costs | None:
+        """The target's costs: a planned drafter's own, else the pair's provider (measured
+        once per machine and cached), else None."""
+        if isinstance(self.draft, PlannedSuffixDrafter):
+            return self.draft.costs
+        return self._costs() if self._costs is not None else None
+
+    def prediction_drafter(self, prediction: str | Sequence[int]) -> PredictionDrafter:
+        """A drafter of ``prediction`` (text, tokenized once as plain text, or token ids) in
+        front of the pair's own drafter, which drafts where the prediction has no match."""
+        if isinstance(prediction, str):
+            ids = self.target.tokenizer.encode(prediction, add_special_tokens=False)
+        else:
+            ids = [int(t) for t in prediction]
+            if any(not 0 <= t < self.target.vocab_size for t in ids):
+                raise ConfigError(
+                    f"prediction token ids must be in 0..{self.target.vocab_size - 1}"
+                )
+        return PredictionDrafter(
+            ids, costs=self.target_costs(), fallback=as_drafter(self.draft, self.target)
+        )
 
     def encode(
         self,
@@ -188,6 +224,7 @@ class Pair:
         chat: bool | None = None,
         stop_on_eos: bool = True,
         stop: str | Sequence[str] | None = None,
+        prediction: str | Sequence[int] | None = None,
     ) -> TextStream:
         """Start a generation; iterate the returned ``TextStream`` for text pieces.
 
@@ -209,6 +246,14 @@ class Pair:
         stop_on_eos:    stop at the end-of-sequence token.
         stop:           stop strings (one or several): the text ends right before the first
                         occurrence of any of them, even across tokens and rounds.
+        prediction:     the output you expect, or most of it (OpenAI's Predicted Outputs: the
+                        code being edited, a document being revised), as text or token ids.
+                        It is drafted from where the output stands in it (re-synchronised
+                        after the model inserts, deletes or changes text; the pair's own
+                        drafter drafts elsewhere), so the output is exactly what it would be
+                        without it: only the speed changes. ``result.prediction_tokens()``
+                        (and ``stats``) count accepted / rejected prediction tokens. K caps
+                        each draft (default 16); k=0 ignores the prediction.
         """
         sampling = SamplingConfig(temperature, top_k, top_p)
         stops = check_stops(stop)
@@ -221,11 +266,15 @@ class Pair:
         else:
             ids = [int(t) for t in prompt]
         policy: KPolicy
-        if k is None and self.auto is not None:
+        drafter: CausalLM | Drafter | None = self.draft
+        if prediction is not None:
+            drafter = self.prediction_drafter(prediction)
+        if k is None and self.auto is not None and prediction is None:
             policy = self.auto.policy()
         else:
-            if k is None:  # a planned drafter sizes its own drafts: K only caps them
-                k = PLANNED_K if isinstance(self.draft, PlannedSuffixDrafter) else 6
+            if k is None:  # planned drafts (and predictions) size themselves: K only caps them
+                planned = isinstance(self.draft, PlannedSuffixDrafter) or prediction is not None
+                k = PLANNED_K if planned else 6
             policy = (
                 capped_adaptive_k(k, max_new_tokens, self.target.n_ctx)
                 if adaptive and k > 0
@@ -234,7 +283,7 @@ class Pair:
         plain = isinstance(policy, FixedK) and policy.k == 0  # no draft prefill either
         generation = generate_stream(
             self.target,
-            None if plain else self.draft,
+            None if plain else drafter,
             ids,
             max_new_tokens=max_new_tokens,
             k=policy,
@@ -346,10 +395,9 @@ def load(
     if is_planned(draft):  # the choice's costs when a profile measured them, else measured
         # (a profile times llama.cpp's default kernels, not those of exact numerics)
         costs = measured_costs if choice is None or exact else choice.costs_or(measured_costs)
-    draft_obj, target_lm = load_pair(
-        draft_ref, config(target, target_backend, exact), costs=costs, draft_window=draft_window
-    )
-    return Pair(target_lm, draft_obj, choice)
+    target_cfg = config(target, target_backend, exact)
+    draft_obj, target_lm = load_pair(draft_ref, target_cfg, costs=costs, draft_window=draft_window)
+    return Pair(target_lm, draft_obj, choice, lambda: measured_costs(target_cfg, target_lm))
 
 
 def measured_costs(cfg: ModelConfig, target: CausalLM) -> Costs:

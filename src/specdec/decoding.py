@@ -53,6 +53,7 @@ class RoundStats:
     t_verify: float
     t_sampling: float
     t_round: float
+    source: str | None = None  # where the drafts came from, when the drafter says (Draft.source)
 
 
 @dataclass
@@ -160,6 +161,19 @@ class GenerationResult:
         reached, accepted = self.acceptance_counts()
         return [a / n if n else float("nan") for a, n in zip(accepted, reached, strict=True)]
 
+    def prediction_tokens(self, source: str = "prediction") -> tuple[int, int]:
+        """(accepted, rejected) draft tokens of the rounds drafted from ``source`` (OpenAI's
+        ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``): accepted ones are in
+        the output; rejected ones were proposed and are not (a verifier rejection, or cut by
+        the end-of-sequence / length limit)."""
+        accepted = rejected = 0
+        for r in self.rounds:
+            if r.source == source:
+                kept = min(r.n_accepted, r.n_emitted)
+                accepted += kept
+                rejected += r.k - kept
+        return accepted, rejected
+
     def time_split(self) -> dict[str, float]:
         """Seconds in prefill / draft / verify / sampling / other (sums to t_total)."""
         d = sum(r.t_draft for r in self.rounds)
@@ -169,6 +183,13 @@ class GenerationResult:
         return {"prefill": self.t_prefill, "draft": d, "verify": v, "sampling": s, "other": other}
 
     def to_dict(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        if "prediction_tokens" in self.extra:  # a prediction was given (drafters.prediction)
+            accepted, rejected = self.prediction_tokens()
+            counts = {
+                "accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": rejected,
+            }
         return {
             "prompt_tokens": len(self.prompt_ids),
             "tokens": self.tokens,
@@ -194,6 +215,7 @@ class GenerationResult:
             "t_total": self.t_total,
             "round_stats": [asdict(r) for r in self.rounds],
             **self.extra,
+            **counts,
         }
 
 
@@ -258,6 +280,7 @@ class RoundOutcome:
     n_accepted: int  # drafts kept by the verifier (0..k)
     tokens: list[int]  # tokens appended to the context (after the EOS / length cut)
     eos: bool  # the round ended at an end-of-sequence token
+    source: str | None = None  # Draft.source
 
 
 def speculative_round(
@@ -318,7 +341,7 @@ def speculative_round(
     if drafter is not None and n_acc < k_r:
         with stopwatch.section("draft"):
             drafter.rollback(ctx)
-    return RoundOutcome(k=k_r, n_accepted=n_acc, tokens=emitted, eos=eos)
+    return RoundOutcome(k=k_r, n_accepted=n_acc, tokens=emitted, eos=eos, source=draft.source)
 
 
 def _round_stats(
@@ -332,6 +355,7 @@ def _round_stats(
         t_verify=delta(after, before, "verify"),
         t_sampling=delta(after, before, "sampling"),
         t_round=t_round,
+        source=outcome.source,
     )
 
 

@@ -183,4 +183,4 @@ def _load(args: argparse.Namespace) -> Pair:
         costs=measured_costs if is_planned(draft_cfg) else None,
         draft_window=args.draft_window,
     )
-    return Pair(target, draft)
+    return Pair(target, draft, costs=lambda: measured_costs(target_cfg, target))

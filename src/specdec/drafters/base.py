@@ -15,10 +15,13 @@ from specdec.timing import Stopwatch
 @dataclass
 class Draft:
     """Proposed tokens [K'] (K' <= the K asked for) and the rows q_i they were sampled from
-    [K', V], or None for drafters without probabilities (treated as one-hot q)."""
+    [K', V], or None for drafters without probabilities (treated as one-hot q). ``source``
+    tags where a drafter that combines several took the tokens from (e.g. "prediction"); the
+    round records it."""
 
     tokens: list[int]
     probs: torch.Tensor | None
+    source: str | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -41,6 +41,7 @@ from specdec.serve.generation import (
     chat_prompt,
     openai_finish_reason,
     plan,
+    prediction_ids,
     text_prompt,
     timings,
     usage,
@@ -152,14 +153,16 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
     async def completions(req: CompletionRequest, request: Request) -> Response:
         _check_model(req, config)
         ids = await asyncio.to_thread(state.tokenize, text_prompt, req)  # off the event loop
-        params = plan(pair, req, ids, config.settings)
+        pred = await asyncio.to_thread(state.tokenize, prediction_ids, req)
+        params = plan(pair, req, ids, config.settings, pred)
         return await _respond(state, req, params, request, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
     async def chat_completions(req: ChatRequest, request: Request) -> Response:
         _check_model(req, config)
         ids = await asyncio.to_thread(state.tokenize, chat_prompt, req)
-        params = plan(pair, req, ids, config.settings)
+        pred = await asyncio.to_thread(state.tokenize, prediction_ids, req)
+        params = plan(pair, req, ids, config.settings, pred)
         return await _respond(state, req, params, request, chat=True)
 
     def record(path: str, status: int) -> None:

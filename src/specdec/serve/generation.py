@@ -47,6 +47,7 @@ class GenerationParams:
     top_p: float
     seed: int
     stops: tuple[str, ...]
+    prediction: list[int] | None = None  # the request's prediction, tokenized (as text)
 
 
 def chat_prompt(pair: Pair, req: ChatRequest) -> list[int]:
@@ -79,8 +80,20 @@ def text_prompt(pair: Pair, req: CompletionRequest) -> list[int]:
     return [int(t) for t in prompt]
 
 
+def prediction_ids(pair: Pair, req: GenerationFields) -> list[int]:
+    """The request's prediction as token ids (its text is text: tokenized without the
+    template's special tokens); [] without one."""
+    if req.prediction is None:
+        return []
+    return pair.target.tokenizer.encode(req.prediction.text(), add_special_tokens=False)
+
+
 def plan(
-    pair: Pair, req: GenerationFields, prompt_ids: list[int], settings: ServeSettings
+    pair: Pair,
+    req: GenerationFields,
+    prompt_ids: list[int],
+    settings: ServeSettings,
+    prediction: list[int] | None = None,
 ) -> GenerationParams:
     """Check that the prompt fits and fill in the defaults; FieldError on a bad request."""
     req.check()
@@ -93,15 +106,18 @@ def plan(
         raise FieldError(param, str(e)) from e
     room = n_ctx - len(prompt_ids)  # more than fits is cut at the window ("length")
     k = req.k_override()
+    # a prediction sizes its own drafts (Pair.stream caps them at 16)
+    k_default = None if k is None and req.prediction is not None else settings.k
     return GenerationParams(
         prompt_ids=prompt_ids,
         max_new_tokens=min(wanted or settings.default_max_tokens, room),
-        k=settings.k if k is None else k,
+        k=k_default if k is None else k,
         temperature=req.temperature,
         top_k=req.top_k,
         top_p=req.top_p,
         seed=req.seed if req.seed is not None else secrets.randbits(63),
         stops=tuple(req.stop or ()),
+        prediction=prediction if req.prediction is not None else None,
     )
 
 
@@ -127,6 +143,7 @@ def work(
             top_p=params.top_p,
             seed=params.seed,
             stop=params.stops,
+            prediction=params.prediction,
         )
         for delta in stream.deltas():
             if stream_text and delta.text:
@@ -156,10 +173,13 @@ def usage(result: GenerationResult) -> dict[str, Any]:
         "prompt_tokens": n_prompt,
         "completion_tokens": n_out,
         "total_tokens": n_prompt + n_out,
-        "completion_tokens_details": {
-            "accepted_prediction_tokens": result.accepted_tokens,
-            "rejected_prediction_tokens": result.drafted_tokens - result.accepted_tokens,
-        },
+        "completion_tokens_details": dict(
+            zip(
+                ("accepted_prediction_tokens", "rejected_prediction_tokens"),
+                result.prediction_tokens(),
+                strict=True,
+            )
+        ),
         "drafted_tokens": result.drafted_tokens,
         "accepted_tokens": result.accepted_tokens,
         "verification_rounds": result.n_rounds,

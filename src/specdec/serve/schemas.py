@@ -26,12 +26,32 @@ StopField = Annotated[
 ]
 
 
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
 class Speculative(BaseModel):
     """Per-request speculation (llama-server's ``speculative.n_max``): n_max = drafts per round,
     0 = plain decoding with the same target."""
 
     model_config = ConfigDict(extra="forbid")
     n_max: int | None = Field(default=None, ge=0, le=64)
+
+
+class Prediction(BaseModel):
+    """OpenAI's Predicted Outputs: the output expected, or most of it (``drafters.prediction``).
+    Content is text or a list of text parts."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
 
 
 class StreamOptions(BaseModel):
@@ -53,7 +73,13 @@ UNSUPPORTED: Mapping[str, tuple[Any, ...]] = MappingProxyType(
         "tools": (None, []),
         "functions": (None, []),
         "response_format": (None, {"type": "text"}),
+        "audio": (None,),
     }
+)
+# What OpenAI documents as unsupported together with ``prediction`` beyond UNSUPPORTED (which
+# is refused anyway): the field and its neutral values.
+NOT_WITH_PREDICTION: Mapping[str, tuple[Any, ...]] = MappingProxyType(
+    {"max_completion_tokens": (None,)}
 )
 
 
@@ -74,6 +100,7 @@ class GenerationFields(BaseModel):
     stream_options: StreamOptions | None = None
     speculative: Speculative | None = None
     speculative_n_max: int | None = Field(default=None, alias="speculative.n_max", ge=0, le=64)
+    prediction: Prediction | None = None
 
     @field_validator("temperature", "top_p", "top_k", "n", "stream", mode="before")
     @classmethod
@@ -97,6 +124,12 @@ class GenerationFields(BaseModel):
             neutral = UNSUPPORTED.get(name)
             if neutral is not None and value not in neutral:
                 raise FieldError(name, f"{name} is not supported by specdec serve")
+        if self.prediction is not None:
+            for name, neutral in NOT_WITH_PREDICTION.items():
+                if getattr(self, name, None) not in neutral:
+                    raise FieldError(
+                        name, f"{name} cannot be used with prediction (use max_tokens)"
+                    )
 
     def wanted_tokens(self) -> int | None:
         return self.max_tokens
@@ -121,12 +154,6 @@ class CompletionRequest(GenerationFields):
         if not v or (isinstance(v, str) and not v.strip()):
             raise ValueError("the prompt is empty")
         return v  # type: ignore[return-value]
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: str
 
 
 class ChatMessage(BaseModel):

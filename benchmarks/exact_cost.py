@@ -1,0 +1,265 @@
+"""What exact numerics cost on this machine, side by side with llama.cpp's default settings.
+
+Two settings, each in processes of its own (ggml reads GGML_CPU_TILED_MM once per process),
+alternated over ``--rounds`` rounds (A B, B A, ...) so that drift falls on both alike:
+
+  default   llama.cpp as llama-cpp-python loads it (repack on, no flash attention, tiled
+            K-quant path on, F16 KV cache): what a user runs without specdec
+  exact     LlamaCppLM(exact=True) (repack off, tiled path off, flash attention, F16 keys /
+            Q8_0 values)
+
+In each process, on the default target (2 threads):
+  * prefill throughput: a 512-token prompt, best of 2;
+  * the plain step (one-token pass) after 100 and after 1,000 tokens of context, and verify(n)
+    for n in 2..16 after 100 tokens: medians of ``--repeats`` passes, n ascending and
+    descending in turn;
+  * decode speed of a short generation per prompt (8 prompts: one Spec-Bench question per
+    category and 2 HumanEval, chat template, 64 new tokens, greedy): llama-cpp-python's own
+    loop (``Llama.create_completion``) on a default instance in ``default`` processes, and
+    specdec's default configuration (the planned suffix drafter, costs measured for these
+    numerics) on the exact target in ``exact`` processes; decode tokens/s from the first
+    token to the last, prefill excluded.
+
+The report gives per-figure medians over rounds and the ratio exact / default with the
+spread of the per-round ratios; ``--json`` keeps every sample. Timings are only meaningful on
+a quiet machine.
+
+    PYTHONPATH=src python benchmarks/exact_cost.py --rounds 3 \
+        --json benchmarks/results/exact-cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+NS = (1, 2, 3, 4, 6, 8, 12, 16)
+SETTINGS = {"default": {}, "exact": {"GGML_CPU_TILED_MM": "0"}}
+
+
+def prompts() -> list[str]:
+    from specdec.bench.prompts import load_code_completion, load_spec_bench, sample_per_category
+
+    return [p.text for p in sample_per_category(load_spec_bench(), 1, seed=0)] + [
+        p.text for p in load_code_completion()[:2]
+    ]
+
+
+def time_passes(
+    lm: Any, ids: list[int], context: int, ns: tuple[int, ...], repeats: int
+) -> dict[int, float]:
+    """Median seconds of one pass over n tokens after ``context`` tokens, per n."""
+    lm.truncate(0)
+    lm.extend(ids[:context], last_only=True)
+    fill = ids[context : context + max(ns)]
+    for n in (max(ns), 1):  # warm-up
+        lm.extend(fill[:n])
+        lm.truncate(context)
+    samples: dict[int, list[float]] = {n: [] for n in ns}
+    for r in range(repeats):
+        for n in ns if r % 2 == 0 else tuple(reversed(ns)):
+            t0 = time.perf_counter()
+            lm.extend(fill[:n])
+            samples[n].append(time.perf_counter() - t0)
+            lm.truncate(context)
+    return {n: statistics.median(s) for n, s in samples.items()}
+
+
+def llama_cpp_decode(llm: Any, ids: list[int], n_new: int) -> tuple[float, int]:
+    """(decode seconds, tokens after the first) of llama-cpp-python's own greedy loop."""
+    import llama_cpp
+
+    stamps: dict[int, float] = {}
+
+    def at_token(seen, _logits) -> bool:  # type: ignore[no-untyped-def]
+        stamps.setdefault(len(seen), time.perf_counter())
+        return False
+
+    llm.reset()
+    for _ in llm.create_completion(
+        ids,
+        max_tokens=n_new,
+        temperature=0.0,
+        top_k=1,
+        stream=True,
+        stopping_criteria=llama_cpp.StoppingCriteriaList([at_token]),
+    ):
+        pass
+    t = sorted(stamps.values())
+    return t[-1] - t[0], len(t) - 1
+
+
+def specdec_decode(
+    target: Any, drafter: Any, ids: list[int], n_new: int, k: int
+) -> tuple[float, int]:
+    """(decode seconds, tokens after the first) of specdec's loop, prefill excluded."""
+    from specdec.decoding import generate
+
+    res = generate(target, drafter, ids, max_new_tokens=n_new, k=k, reuse_prefix=False)
+    first = res.rounds[0]
+    return res.t_total - res.t_prefill - first.t_round, len(res.tokens) - first.n_emitted
+
+
+def worker(setting: str, threads: int, repeats: int, n_new: int) -> dict[str, Any]:
+    from specdec.hub import resolve
+    from specdec.models.llamacpp import LlamaCppLM
+    from specdec.prompting import encode_prompt
+
+    exact = setting == "exact"
+    path = resolve(TARGET, fetch=False)
+    lm = LlamaCppLM(path, n_ctx=4096, n_threads=threads, exact=exact)
+    text = "\n".join(prompts() * 4)
+    ids = lm.tokenizer.encode(text, add_special_tokens=False)
+    out: dict[str, Any] = {"setting": setting}
+    best = float("inf")
+    for _ in range(2):
+        lm.truncate(0)
+        t0 = time.perf_counter()
+        lm.extend(ids[:512], last_only=True)
+        best = min(best, time.perf_counter() - t0)
+    out["prefill_tps"] = 512 / best
+    out["step_ms"] = {c: 1e3 * time_passes(lm, ids, c, (1,), repeats)[1] for c in (100, 1000)}
+    verify = time_passes(lm, ids, 100, NS, repeats)
+    out["verify_ms"] = {n: 1e3 * t for n, t in verify.items()}
+    lm.truncate(0)
+    gen: list[tuple[float, int]] = []
+    if exact:
+        from specdec.drafters.planned import PlannedSuffixDrafter
+        from specdec.drafters.suffix import SuffixDrafter
+        from specdec.models.loader import ModelConfig
+        from specdec.pairs import PLANNED_K
+        from specdec.profiler.target_costs import cached_target_costs
+
+        cfg = ModelConfig(TARGET, "llamacpp", n_ctx=4096, n_threads=threads, exact=True)
+        drafter = PlannedSuffixDrafter(SuffixDrafter(), cached_target_costs(cfg, lm))
+        for text in prompts():
+            pids = encode_prompt(lm, text, chat=True)
+            gen.append(specdec_decode(lm, drafter, pids, n_new, PLANNED_K))
+    else:
+        for text in prompts():
+            pids = encode_prompt(lm, text, chat=True)
+            gen.append(llama_cpp_decode(lm.llm, pids, n_new))
+    out["decode_tps"] = [n / s for s, n in gen]
+    return out
+
+
+def run_worker(setting: str, args: argparse.Namespace) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_TILED_MM"}
+    env.update(SETTINGS[setting])
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", setting]
+    cmd += ["--threads", str(args.threads), "--repeats", str(args.repeats)]
+    cmd += ["--new-tokens", str(args.new_tokens)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"{setting} failed:\n" + "\n".join(proc.stderr.strip().splitlines()[-10:]))
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def gmean(xs: list[float]) -> float:
+    return float(statistics.geometric_mean(xs))
+
+
+def figures(r: dict[str, Any]) -> dict[str, float]:
+    """The figures compared, by name (higher is better for tps, lower for ms)."""
+    out = {"prefill tok/s (512)": r["prefill_tps"]}
+    out.update({f"plain step ms (ctx {c})": v for c, v in r["step_ms"].items()})
+    one = r["verify_ms"]["1"]
+    out.update({f"verify({n}) / verify(1)": v / one for n, v in r["verify_ms"].items() if n != "1"})
+    out["decode tok/s (8 prompts, gmean)"] = gmean(r["decode_tps"])
+    return out
+
+
+def report(rounds: list[dict[str, dict[str, Any]]]) -> str:
+    per = [{s: figures(r[s]) for s in SETTINGS} for r in rounds]
+    names = list(per[0]["default"])
+    lines = [
+        f"{len(rounds)} rounds; medians over rounds; exact / default per round (min..max)",
+        "",
+        "| figure | default | exact | exact / default | per-round range |",
+        "|---|---|---|---|---|",
+    ]
+    for name in names:
+        d = statistics.median(p["default"][name] for p in per)
+        e = statistics.median(p["exact"][name] for p in per)
+        ratios = [p["exact"][name] / p["default"][name] for p in per]
+        lines.append(
+            f"| {name} | {d:.3g} | {e:.3g} | {statistics.median(ratios):.3f} | "
+            f"{min(ratios):.3f}..{max(ratios):.3f} |"
+        )
+    lines += [
+        "",
+        "decode tok/s: default = llama-cpp-python's own loop on its default instance; exact = "
+        "specdec's default configuration (planned suffix drafts) on the exact target.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--from-json", type=Path, help="print the report of a saved run")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.threads, args.repeats, args.new_tokens)))
+        return 0
+    if args.from_json:
+        print(report(json.loads(args.from_json.read_text())["rounds"]))
+        return 0
+    load = os.getloadavg()
+    rounds = []
+    t0 = time.perf_counter()
+    for i in range(args.rounds):
+        order = list(SETTINGS) if i % 2 == 0 else list(reversed(SETTINGS))
+        rounds.append({s: run_worker(s, args) for s in order})
+        print(
+            f"round {i + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr
+        )
+    print(report(rounds))
+    if args.json:
+        import llama_cpp
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps(
+                {
+                    "target": TARGET,
+                    "threads": args.threads,
+                    "repeats": args.repeats,
+                    "llama_cpp_python": llama_cpp.__version__,
+                    "system_info": llama_cpp.llama_print_system_info().decode(),
+                    "machine": {
+                        "platform": platform.platform(),
+                        "cpu_count": os.cpu_count(),
+                        "loadavg_before": load,
+                        "loadavg_after": os.getloadavg(),
+                    },
+                    "seconds": time.perf_counter() - t0,
+                    "rounds": rounds,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
