@@ -477,3 +477,52 @@ def test_interleave_is_recorded_in_the_header(tmp_path: Path, prompt_file: Path)
     res = read_results(out)
     assert res.headers[0]["plan"]["interleave"] is True
     assert len(res.measurements) == 2 * 2 * 2  # configs x prompts of category a x (plain + K)
+
+
+def test_predictions_are_drafted_and_counted(tmp_path: Path) -> None:
+    """``prediction=1``: a prompt's prediction is drafted first; greedy output stays plain
+    decoding's; records count OpenAI's accepted / rejected prediction tokens; prompts without
+    a prediction keep the configuration's own drafter (counts null); the report shows them."""
+    from specdec.bench.report import write_report
+
+    texts = ["edit the cat", "edit the dog", "no prediction here"]
+    path = tmp_path / "pred.jsonl"
+    rows = [
+        {"prompt": texts[0], "category": "code_predict", "prediction": "the cat sat on the mat"},
+        {"prompt": texts[1], "category": "code_predict", "prediction": ""},
+        {"prompt": texts[2], "category": "code_predict"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = BenchPlan(
+        configs=(
+            parse_config("draft=suffix,target=mock:target:64,prediction=1"),
+            parse_config("draft=suffix,target=mock:target:64"),
+        ),
+        ks=(4,),
+        modes=("greedy",),
+        prompt_source=str(path),
+        categories=None,
+        prompts_per_category=0,
+        max_new_tokens=12,
+        repeats=1,
+        stop_on_eos=False,
+        profile_repeats=1,
+        verify_max=6,
+        profile_context_tokens=20,
+        warmup=False,
+    )
+    out = tmp_path / "r.jsonl"
+    run_bench(plan, out)
+    ms = measurement_records(out)
+    assert plan.configs[0].label == "prediction+suffix->mock:target:64"
+    pred = [m for m in ms if m["config"] == plan.configs[0].label and m["k"] > 0]
+    plain = {m["prompt_id"]: m["tokens"] for m in ms if m["k"] == 0}
+    assert {m["prompt_id"]: m["tokens"] for m in pred} == plain
+    counted = {m["prompt_id"]: m["accepted_prediction_tokens"] for m in pred}
+    assert counted["pred:line3"] is None and counted["pred:line2"] == 0
+    first = next(m for m in pred if m["prompt_id"] == "pred:line1")
+    assert first["accepted_prediction_tokens"] + first["rejected_prediction_tokens"] >= 1
+    other = [m for m in ms if m["config"] == plan.configs[1].label and m["k"] > 0]
+    assert all(m["accepted_prediction_tokens"] is None for m in other)
+    md = write_report(out).read_text()
+    assert "## Predicted outputs" in md and "prediction+suffix" in md

@@ -48,6 +48,7 @@ class BenchConfig:
     hybrid: bool = False  # the draft model drafts only where the suffix drafter has nothing
     ks: tuple[int, ...] | None = None  # this configuration's K sweep (None: the plan's)
     draft_window: int | None = None  # the draft model sees the last W tokens (None: all)
+    prediction: bool = False  # a prompt's prediction is drafted first (drafters.prediction)
 
     def __post_init__(self) -> None:
         given = [x for x in (self.draft, self.ngram, self.free) if x is not None]
@@ -99,6 +100,7 @@ class BenchConfig:
             "hybrid": self.hybrid,
             "ks": list(self.ks) if self.ks is not None else None,
             "draft_window": self.draft_window,
+            "prediction": self.prediction,
         }
 
     @staticmethod
@@ -112,6 +114,7 @@ class BenchConfig:
             hybrid=bool(d.get("hybrid", False)),
             ks=tuple(d["ks"]) if d.get("ks") else None,
             draft_window=d.get("draft_window"),
+            prediction=bool(d.get("prediction", False)),
         )
 
 
@@ -195,6 +198,7 @@ _KNOWN = {
     "draft",
     "draft_window",
     "exact",
+    "prediction",
     "k",
     "target",
     "label",
@@ -281,7 +285,10 @@ def parse_config(spec: str) -> BenchConfig:
         raise ConfigError("a bench configuration needs a drafter (plain decoding is always run)")
     else:
         draft = model("draft", draft_ref)
+    prediction = _flag("prediction", kv["prediction"]) if "prediction" in kv else False
     label = kv.get("label") or default_label(draft, ngram, target, free, hybrid, window)
+    if prediction and not kv.get("label"):
+        label = "prediction+" + label
     return BenchConfig(
         label=label,
         target=target,
@@ -291,6 +298,7 @@ def parse_config(spec: str) -> BenchConfig:
         hybrid=hybrid,
         ks=ks,
         draft_window=window,
+        prediction=prediction,
     )
 
 

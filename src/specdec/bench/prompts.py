@@ -17,6 +17,14 @@ Two code sets sit beside it (named sets, selectable like ``spec_bench``):
   exploit.
 
 ``code`` selects both code sets and ``all`` Spec-Bench plus both.
+
+``code_predict`` is the predicted-outputs workload (not part of ``code`` or ``all``): 43
+code-editing requests built from HumanEval's reference solutions (MIT License; see
+``data/code_predict/SOURCE.md`` and ``benchmarks/make_code_predict_set.py``), each with a
+``prediction``, the code before the edit (OpenAI's ``prediction``): renames, type hints,
+docstrings, small edits, reformatting, whole files, and controls whose prediction is empty,
+unrelated or shifted. Category ``code_predict``, fine category the kind of task. A user's
+JSONL file may carry a "prediction" field too.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ SPEC_BENCH_CATEGORIES = (
 SPEC_BENCH = "spec_bench"  # the name of the packaged prompt set
 CODE_COMPLETION = "code_completion"  # set name and coarse category
 CODE_EDIT = "code_edit"  # set name and coarse category
+CODE_PREDICT = "code_predict"  # set name and coarse category (prompts with a prediction)
 CODE = "code"  # both code sets
 ALL = "all"  # Spec-Bench and both code sets
 CODE_CATEGORIES = (CODE_COMPLETION, CODE_EDIT)
@@ -65,6 +74,7 @@ class Prompt:
     text: str
     category: str
     fine_category: str
+    prediction: str | None = None  # the output expected (OpenAI's Predicted Outputs), if any
 
 
 def coarse_category(category: str) -> str:
@@ -130,6 +140,24 @@ def load_code_edit() -> list[Prompt]:
     return out
 
 
+def load_code_predict() -> list[Prompt]:
+    """The packaged predicted-outputs set (43 code-editing requests with predictions)."""
+    out = []
+    for line in _data_text("code_predict", "prompts.jsonl").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            out.append(
+                Prompt(
+                    f"code_predict:{rec['id']}",
+                    str(rec["prompt"]),
+                    CODE_PREDICT,
+                    str(rec["fine_category"]),
+                    str(rec["prediction"]),
+                )
+            )
+    return out
+
+
 def load_named_set(name: str) -> list[Prompt] | None:
     """A packaged set by name (spec_bench, code_completion, code_edit, code, all), or None."""
     if name == SPEC_BENCH:
@@ -138,6 +166,8 @@ def load_named_set(name: str) -> list[Prompt] | None:
         return load_code_completion()
     if name == CODE_EDIT:
         return load_code_edit()
+    if name == CODE_PREDICT:
+        return load_code_predict()
     if name == CODE:
         return load_code_completion() + load_code_edit()
     if name == ALL:
@@ -145,7 +175,7 @@ def load_named_set(name: str) -> list[Prompt] | None:
     return None
 
 
-NAMED_SETS = (SPEC_BENCH, CODE_COMPLETION, CODE_EDIT, CODE, ALL)
+NAMED_SETS = (SPEC_BENCH, CODE_COMPLETION, CODE_EDIT, CODE_PREDICT, CODE, ALL)
 
 
 def _text_of(rec: dict[str, object], where: str) -> str:
@@ -179,7 +209,10 @@ def _load_jsonl(path: Path, lines: Sequence[str]) -> list[Prompt]:
         text = _text_of(rec, where)
         fine = str(rec.get("category", "custom"))
         pid = rec.get("id", rec.get("question_id", f"line{i}"))
-        out.append(Prompt(f"{path.stem}:{pid}", text, coarse_category(fine), fine))
+        prediction = rec.get("prediction")
+        if prediction is not None and not isinstance(prediction, str):
+            raise ConfigError(f"{where}: field 'prediction' must be a string")
+        out.append(Prompt(f"{path.stem}:{pid}", text, coarse_category(fine), fine, prediction))
     return out
 
 

@@ -609,6 +609,58 @@ def _agreement_section(data: ReportData) -> list[str]:
     ]
 
 
+def _prediction_section(data: ReportData) -> list[str]:
+    """Predicted outputs (configurations with ``prediction=1``): per configuration, mode and
+    fine category, the prediction tokens kept and rejected (OpenAI's counts) and the
+    speedup over the configuration's own plain runs."""
+    ms = [m for m in data.results.measurements if m.get("accepted_prediction_tokens") is not None]
+    if not ms:
+        return []
+    rows = []
+    for (cfg, mode, fine), group in sorted(group_by(ms, "config", "mode", "fine_category").items()):
+        acc = sum(int(m["accepted_prediction_tokens"]) for m in group)
+        rej = sum(int(m["rejected_prediction_tokens"]) for m in group)
+        out = sum(int(m["n_tokens"]) for m in group)
+        ups = [float(m["speedup"]) for m in group if m.get("speedup")]
+        gm = math.exp(sum(math.log(u) for u in ups) / len(ups)) if ups else None
+        rows.append(
+            [
+                cfg,
+                mode,
+                fine,
+                str(len(group)),
+                str(acc),
+                str(rej),
+                _pct(acc / (acc + rej)) if acc + rej else "-",
+                _pct(acc / out) if out else "-",
+                _f(gm, suffix="x"),
+            ]
+        )
+    return [
+        "## Predicted outputs",
+        "",
+        "Prediction tokens drafted and kept (OpenAI's accepted_prediction_tokens) or rejected, "
+        "the share of the output that came from the prediction, and the speedup (geometric "
+        "mean) over the same configuration's plain runs.",
+        "",
+        *_table(
+            [
+                "configuration",
+                "mode",
+                "task",
+                "runs",
+                "accepted",
+                "rejected",
+                "kept share",
+                "output from prediction",
+                "speedup",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
 def _skip_section(results: Results) -> list[str]:
     if not results.skips:
         return []
@@ -657,6 +709,7 @@ def write_report(results_path: str | Path, out_dir: str | Path | None = None) ->
         _baseline_section(data),
         _ttft_section(data),
         _predicted_section(data),
+        _prediction_section(data),
         _agreement_section(data),
         _skip_section(results),
     ):

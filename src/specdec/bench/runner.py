@@ -33,11 +33,12 @@ from specdec.bench.plan import MODES, BenchPlan, Measurement, config_ks, measure
 from specdec.bench.profile import profile_config
 from specdec.bench.prompts import Prompt, select_prompts
 from specdec.bench.results import SCHEMA_VERSION, Results, ResultsWriter, open_for_append
-from specdec.decoding import GenerationResult, generate
+from specdec.decoding import GenerationResult, as_drafter, generate
 from specdec.drafters import NgramDrafter
 from specdec.drafters.base import Drafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter
+from specdec.drafters.prediction import PredictionDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError, SpecdecError
 from specdec.models.base import CausalLM
@@ -173,9 +174,19 @@ def measurement_record(
         # in t_prefill and ttft, covered only the window
         "draft_window": res.extra.get("draft_window") if m.k else None,
         "draft_rebases": res.extra.get("draft_rebases") if m.k else None,
+        # OpenAI's predicted-output counts (null unless a prediction was drafted)
+        **prediction_counts(res),
         "finished": _now(),
         "tokens": res.tokens,
     }
+
+
+def prediction_counts(res: GenerationResult) -> dict[str, int | None]:
+    """accepted / rejected prediction tokens (None without a prediction)."""
+    if "prediction_tokens" not in res.extra:
+        return {"accepted_prediction_tokens": None, "rejected_prediction_tokens": None}
+    accepted, rejected = res.prediction_tokens()
+    return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}
 
 
 def _use_chat(plan: BenchPlan, target: CausalLM) -> bool:
@@ -321,7 +332,24 @@ class _Runner:
         if is_planned(cfg.free):
             assert isinstance(draft, SuffixDrafter)
             draft = PlannedSuffixDrafter(draft, planner_costs(profile))
-        return _Prepared(cfg, target, draft, ids, profile)
+        predictions = {
+            p.id: target.tokenizer.encode(p.prediction, add_special_tokens=False)
+            for p in prompts
+            if cfg.prediction and p.prediction is not None and p.id in ids
+        }
+        return _Prepared(cfg, target, draft, ids, profile, predictions)
+
+    def drafter_for(self, p: _Prepared, m: Measurement) -> CausalLM | Drafter | None:
+        """The configuration's drafter, behind the prompt's prediction when it has one and
+        the configuration drafts predictions; None for plain runs."""
+        if m.k == 0:
+            return None
+        pred = p.predictions.get(m.prompt.id)
+        if pred is None:
+            return p.draft
+        return PredictionDrafter(
+            pred, costs=planner_costs(p.profile), fallback=as_drafter(p.draft, p.target)
+        )
 
     def measure(self, p: _Prepared, m: Measurement) -> None:
         """Run one measurement and append its record (a prompt the configuration skipped
@@ -332,7 +360,7 @@ class _Runner:
         self.bar.set_postfix_str(f"{m.mode} {m.prompt.id} r{m.repeat} K={m.k}")
         res = generate(
             p.target,
-            p.draft if m.k > 0 else None,
+            self.drafter_for(p, m),
             p.ids[m.prompt.id],
             max_new_tokens=self.plan.max_new_tokens,
             k=m.k,
@@ -418,6 +446,7 @@ class _Prepared:
     draft: CausalLM | Drafter
     ids: dict[str, list[int]]  # encoded prompts (skipped ones absent)
     profile: dict[str, Any]
+    predictions: dict[str, list[int]] = field(default_factory=dict)  # prompt id -> tokens
 
 
 _T = TypeVar("_T")

@@ -20,7 +20,9 @@ from specdec.profiler import cache
 from specdec.profiler.measure import PROFILE_NS, target_costs
 from specdec.theory import Costs
 
-N_MAX = 12  # verify passes up to this many tokens (longer ones are extrapolated)
+# verify passes up to this many tokens: every pass a planned or predicted draft makes (a draft
+# is capped at PLANNED_K = 16, so a pass has at most 17 rows); longer ones are extrapolated
+N_MAX = 17
 # medians of 5 passes per n: with 2, one slow pass skewed a cached curve (verify(2) at 1.97x)
 REPEATS = 5
 
