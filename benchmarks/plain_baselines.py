@@ -10,8 +10,10 @@
   C  optional: specdec with drafters on the same backend (``--draft``, repeatable: ngram,
      suffix, hybrid:MODEL, a draft model, or ``auto``: per prompt, what ``specdec generate
      --auto`` runs, the cached profile's choice for that prompt's length, with its costs and
-     K, plain decoding where it chooses plain), and with ``--pad-to N`` the same drafters on
-     a backend instance whose verify passes are padded to N rows
+     K, plain decoding where it chooses plain; or ``prediction``: each prompt's prediction,
+     for sets that carry one such as ``--source code_predict``, drafted in front of the
+     planned suffix drafter as ``Pair.generate(prediction=...)`` does), and with ``--pad-to
+     N`` the same drafters on a backend instance whose verify passes are padded to N rows
 
 Prompt by prompt, each decoder runs once per repeat, in an order rotated per prompt and
 repeat, so slow drift hits them alike; the script prints decode tokens/s, prefill seconds and
@@ -20,7 +22,9 @@ mean over its prompts with a 90 % bootstrap interval over prompts (seeded; the b
 cluster bootstrap). With ``auto``
 among the decoders it also prints the verdict of issue 11's floor, fixed before any run:
 ``auto`` at >= 0.95x of llama-cpp-python's loop (the geometric mean over each category's
-prompts) on every category. Greedy, the same thread count for all.
+prompts) on every category; with ``prediction``, the verdict of issue 27's rule, also fixed
+before any run (``PREDICTION_*`` below). Prompts of a set with predictions are grouped by
+their kind of task. Greedy, the same thread count for all.
 
 ``--reuse-prompt`` measures decoding only: each instance keeps the prompt it holds between
 the runs of one prompt (llama-cpp-python's own prefix reuse, which evaluates the last
@@ -50,6 +54,15 @@ from pathlib import Path
 # llama-cpp-python's decode speed, as the geometric mean over each category's prompts
 FLOOR = 0.95
 FLOOR_DECODER = "auto"
+# predicted outputs (the code_predict set; issue 27), fixed before the runs: the decoder
+# ``prediction`` against llama-cpp-python's decode speed, per prompt: the geometric mean over
+# the edit tasks (every kind but the controls) >= 1.5x with no edit prompt below 1.0x, and the
+# geometric mean of each control with an empty or an unrelated prediction >= 0.97x
+PREDICTION_DECODER = "prediction"
+PREDICTION_EDITS_MEAN = 1.5
+PREDICTION_EDITS_MIN = 1.0
+PREDICTION_CONTROLS = ("control_empty", "control_unrelated")
+PREDICTION_CONTROL_MEAN = 0.97
 
 
 def llama_cpp_own(
@@ -142,6 +155,36 @@ def floor_verdict(by_category: dict[str, float], floor: float = FLOOR) -> tuple[
     return by_category[lowest] >= floor, lowest
 
 
+def prediction_verdict(
+    ratios: dict[str, float], categories: dict[str, str]
+) -> tuple[bool, list[str]]:
+    """The predicted-outputs rule (PREDICTION_*) on per-prompt ratios against
+    llama-cpp-python's loop: (met, the lines that say why)."""
+    edits = {p: r for p, r in ratios.items() if not categories[p].startswith("control_")}
+    lines, met = [], True
+    if edits:
+        mean = gmean(list(edits.values()))
+        lo, hi = interval(list(edits.values()), list(edits))
+        worst = min(edits, key=lambda p: edits[p])
+        ok = mean >= PREDICTION_EDITS_MEAN and edits[worst] >= PREDICTION_EDITS_MIN
+        met &= ok
+        lines.append(
+            f"edits ({len(edits)} prompts): {mean:.3f}x (90 % bootstrap {lo:.3f}-{hi:.3f}), "
+            f"lowest {edits[worst]:.3f}x ({worst}); rule >= {PREDICTION_EDITS_MEAN}x with none "
+            f"below {PREDICTION_EDITS_MIN}x: {'met' if ok else 'NOT met'}"
+        )
+    for c in PREDICTION_CONTROLS:
+        xs = [r for p, r in ratios.items() if categories[p] == c]
+        if xs:
+            ok = gmean(xs) >= PREDICTION_CONTROL_MEAN
+            met &= ok
+            lines.append(
+                f"{c} ({len(xs)} prompts): {gmean(xs):.3f}x; rule >= "
+                f"{PREDICTION_CONTROL_MEAN}x: {'met' if ok else 'NOT met'}"
+            )
+    return met, lines
+
+
 def report(
     rows: Rows,
     categories: dict[str, str],
@@ -198,6 +241,13 @@ def report(
             f"floor ({floor_rule}): {FLOOR_DECODER} / {base} >= {FLOOR:.2f}x on every "
             f"category: {'MET' if met else 'NOT MET'} (lowest: {lowest}, {means[lowest]:.3f}x)"
         )
+    if PREDICTION_DECODER in ratios:
+        met, lines = prediction_verdict(
+            dict(zip(pids, ratios[PREDICTION_DECODER], strict=True)), categories
+        )
+        print(f"predicted outputs ({floor_rule}): {'MET' if met else 'NOT MET'}")
+        for line in lines:
+            print("  " + line)
     shared = "llama-cpp-python on specdec's Llama"
     if shared in ratios:  # the loops compared on one instance: B / A' per prompt
         same = [b / a for b, a in zip(ratios["specdec plain"], ratios[shared], strict=True)]
@@ -461,6 +511,24 @@ def main() -> int:
     )
     prompts = select_prompts(args.source, per_category=args.per_category)
     ids = {p.id: encode_prompt(ours, p.text, chat=True) for p in prompts}
+    # each prompt's prediction (the code_predict set), by its token ids: runners get ids only
+    predictions = {
+        tuple(ids[p.id]): ours.tokenizer.encode(p.prediction, add_special_tokens=False)
+        for p in prompts
+        if p.prediction is not None
+    }
+
+    def prediction_run(prompt_ids: list[int]) -> tuple[float, float, int]:
+        """The prompt's prediction drafted in front of the planned suffix drafter (what
+        ``Pair.generate(prediction=...)`` runs on the default pair), K capped at 16."""
+        from specdec.drafters.prediction import PredictionDrafter
+        from specdec.pairs import PLANNED_K
+
+        planned = drafter_for("planned", ours)
+        d = PredictionDrafter(
+            predictions.get(tuple(prompt_ids), []), costs=planned.costs, fallback=planned
+        )
+        return specdec_run(ours, d, prompt_ids, args.new_tokens, PLANNED_K, reuse_prompt=reuse)
 
     runners = {
         "llama-cpp-python": lambda p: llama_cpp_own(own, p, args.new_tokens, reuse_prompt=reuse),
@@ -478,6 +546,9 @@ def main() -> int:
         if ref == "auto":
             runners["auto"] = lambda p: auto_run(ours, p)
             continue
+        if ref == PREDICTION_DECODER:
+            runners[PREDICTION_DECODER] = prediction_run
+            continue
         for target, tag in ((ours, ""), (padded, f"+pad{args.pad_to}")):
             if target is None:
                 continue
@@ -486,7 +557,10 @@ def main() -> int:
                 t, d, p, args.new_tokens, args.k, reuse_prompt=reuse
             )
     names = list(runners)
-    categories = {p.id: p.category for p in prompts}
+    # the predicted-outputs set is reported by kind of task (edits, and the controls)
+    categories = {
+        p.id: p.fine_category if p.prediction is not None else p.category for p in prompts
+    }
     tokens = {k: len(v) for k, v in ids.items()}
     saved_args = vars(args) | {"json": str(args.json) if args.json else None}
     rows: Rows = resumed_rows(args.json, saved_args, names) if args.resume else {}

@@ -177,3 +177,33 @@ def test_pooled_runs_key_each_prompt_by_run_and_keep_the_common_decoders() -> No
     assert list(rows) == ["p #1", "p #2"]
     assert list(rows["p #1"]) == ["llama-cpp-python", "auto"]  # specdec plain: run 2 lacks it
     assert cats == {"p #1": "a", "p #2": "a"} and toks == {"p #1": 5, "p #2": 5}
+
+
+CATS = {
+    "e1": "rename",
+    "e2": "whole_file",
+    "e3": "docstring",
+    "c1": "control_empty",
+    "c2": "control_unrelated",
+}
+
+
+@pytest.mark.parametrize(
+    ("ratios", "met", "why"),
+    [
+        ({"e1": 1.6, "e2": 1.8, "e3": 1.5, "c1": 0.99, "c2": 0.98}, True, "met"),
+        ({"e1": 1.3, "e2": 1.6, "e3": 1.4, "c1": 0.99, "c2": 0.98}, False, "edits"),  # mean
+        ({"e1": 0.95, "e2": 2.5, "e3": 2.0, "c1": 0.99, "c2": 0.98}, False, "edits"),  # a prompt
+        ({"e1": 1.6, "e2": 1.8, "e3": 1.5, "c1": 0.99, "c2": 0.96}, False, "control_unrelated"),
+    ],
+)
+def test_the_prediction_verdict_flips(ratios: dict[str, float], met: bool, why: str) -> None:
+    """Issue 27's rule, fixed before the run: edits >= 1.5x (geometric mean) with none below
+    1.0x, controls with an empty or unrelated prediction >= 0.97x; each way of failing it."""
+    from plain_baselines import prediction_verdict
+
+    got, lines = prediction_verdict(ratios, CATS)
+    assert got is met
+    failing = [ln for ln in lines if "NOT met" in ln]
+    assert (failing == []) is met
+    assert met or failing[0].startswith(why)
