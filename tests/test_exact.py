@@ -200,3 +200,30 @@ def test_speculative_output_is_plain_decoding_token_for_token(
             assert res.tokens == plain, (drafter, len(ids))
             assert res.extra.get("exact") is True
         assert _llama_cpp_loop(other.llm, ids, len(plain)) == plain
+
+
+@pytest.mark.parametrize(
+    ("exact_step", "default"),
+    [(0.0510, True), (0.0525, False)],  # +2 % / +5 % (medians)
+)
+def test_exact_numerics_are_the_default_only_where_they_cost_at_most_3_percent(
+    exact_step: float, default: bool
+) -> None:
+    """The profile's rule on fixed worker figures, a fixture each way (medians over rounds)."""
+    from specdec.profiler.exact_price import ExactPrice, price_of
+
+    samples = {
+        "default": [
+            {"step_s": 0.050, "prefill_tps": 100.0},
+            {"step_s": 0.051, "prefill_tps": 90.0},
+        ],
+        "exact": [
+            {"step_s": exact_step, "prefill_tps": 40.0},
+            {"step_s": exact_step * 1.02, "prefill_tps": 30.0},
+        ],
+    }
+    price = price_of(samples)
+    assert price.rounds == 2 and price.step_s == pytest.approx(0.0505)
+    assert price.default is default
+    assert ("use --exact" in price.sentence()) is not default
+    assert ExactPrice.from_dict(price.to_dict()) == price

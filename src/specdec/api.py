@@ -328,7 +328,7 @@ def load(
     n_threads: int | None = None,
     auto: bool = False,
     draft_window: int | None = None,
-    exact: bool = False,
+    exact: bool | None = None,
 ) -> Pair:
     """Load a target and a draft (models come from the verified store, a local GGUF file or a
     transformers directory) and check that they share one tokenizer.
@@ -355,7 +355,9 @@ def load(
                      token's logits are the same whatever the number of tokens in its pass,
                      so the output is plain decoding's token for token (greedy) and sampled
                      output follows plain decoding's distribution exactly. Slower decode and
-                     prefill on CPUs where llama.cpp's batched kernels are faster.
+                     prefill on CPUs where llama.cpp's batched kernels are faster. None: what
+                     ``specdec profile`` decided for this machine (exact where it costs at
+                     most 3 %), else off.
     """
     if draft_window is not None and (auto or draft == MACHINE_DEFAULT):
         raise ConfigError(
@@ -385,6 +387,8 @@ def load(
     if choice is not None:
         target_backend = choice.target_backend
         draft = choice.draft_ref if choice.speculative else "none"
+    if exact is None:
+        exact = choice.exact if choice is not None else False
 
     def config(model: str, backend: str, exact: bool = False) -> ModelConfig:
         return ModelConfig(model, backend, device, dtype, n_ctx, n_threads, exact)

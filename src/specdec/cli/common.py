@@ -78,10 +78,12 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
     g.add_argument("--n-ctx", type=int, default=n_ctx, help="context window to allocate")
     g.add_argument(
         "--exact",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="exact numerics for the target (llama.cpp): a token's logits do not depend on "
         "how many tokens share its pass, so speculative output is plain decoding's, token for "
-        "token; costs decode and prefill speed (docs/certify.md)",
+        "token; costs decode and prefill speed on CPUs with faster batched kernels (default: "
+        "what `specdec profile` decided for this machine, else off; docs/certify.md)",
     )
 
 
@@ -178,7 +180,7 @@ def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
         dtype=args.target_dtype or args.dtype,
         n_ctx=args.n_ctx,
         n_threads=args.threads,
-        exact=getattr(args, "exact", False),
+        exact=bool(getattr(args, "exact", False)),
     )
     draft: DraftRef
     if is_model_free(args.draft):

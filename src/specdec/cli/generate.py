@@ -207,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
             f"[specdec] {'auto' if args.auto else 'default'}: {auto.label}: {auto.reason}",
             file=sys.stderr,
         )
-        target_cfg = dataclasses.replace(target_cfg, backend=auto.target_backend)
+        exact = auto.exact if args.exact is None else args.exact  # the profile's, unless said
+        target_cfg = dataclasses.replace(target_cfg, backend=auto.target_backend, exact=exact)
         draft_cfg = (
             auto.draft_ref
             if is_model_free(auto.draft_ref)

@@ -137,6 +137,10 @@ def render(result: Any) -> str:
         "the fastest plain decoder; else the planned suffix drafter, which falls back to plain "
         f"steps by itself, unless it measured below {FALLBACK_MARGIN:.2f}x of it)",
     ]
+    if result.exact:
+        from specdec.profiler.exact_price import ExactPrice
+
+        lines.append("  " + ExactPrice.from_dict(result.exact).sentence())
     return "\n".join(lines)
 
 

@@ -40,6 +40,7 @@ class AutoChoice:
     prior: tuple[float, ...]  # acceptance by position from the probe
     label: str
     reason: str
+    exact: bool = False  # exact numerics are this machine's default (profiler.exact_price)
 
     @property
     def speculative(self) -> bool:
@@ -100,6 +101,7 @@ def choose(result: ProfileResult, prompt_tokens: int | None, new_tokens: int) ->
         prior=tuple(result.probe_accept.get(cand.drafter, [])),
         label=cand.label,
         reason=reason,
+        exact=bool(rec.get("exact", False)),
     )
 
 

@@ -44,6 +44,7 @@ from specdec.profiler.decide import (
     Scored,
     rank,
 )
+from specdec.profiler.exact_price import measure_exact_price
 from specdec.profiler.measure import (
     calibrated,
     ceiling_passes,
@@ -137,6 +138,7 @@ class ProfileResult:
     draft_refs: dict[str, str] = field(default_factory=dict)  # drafter name -> reference
     skipped_backends: dict[str, str] = field(default_factory=dict)  # backend -> why
     seconds: float = 0.0
+    exact: dict[str, Any] = field(default_factory=dict)  # ExactPrice (llama.cpp targets)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -388,6 +390,15 @@ def _measure(
     result.recommendation = _recommend(rec, checks)
     result.recommendation["draft_ref"] = refs[result.recommendation["candidate"]["drafter"]]
     result.draft_refs = refs
+    path = getattr(targets.get("llamacpp"), "path", None)
+    if path is not None:  # exact numerics: their price here, and whether they are the default
+        log("profile: measuring the price of exact numerics (worker processes)")
+        price = measure_exact_price(str(path), spec.n_threads)
+        log("profile: " + price.sentence())
+        result.exact = price.to_dict()
+        result.recommendation["exact"] = price.default and (
+            result.recommendation["candidate"]["target_backend"] == "llamacpp"
+        )
     return result
 
 
