@@ -50,7 +50,6 @@ from specdec.profiler.measure import model_free_probe, round_walk_probe
 from specdec.profiler.predict import ProbeSequence, best_length_plan, plan_seconds, simulate
 from specdec.sampling import SamplingConfig, make_generator
 from specdec.theory import Costs
-from specdec.timing import Stopwatch
 
 GREEDY = SamplingConfig()
 K_CAP = 16  # the oracles' draft-length cap
@@ -189,10 +188,10 @@ def bucket_rates(traces: Sequence[Trace]) -> tuple[list[tuple[int, int]], list[t
     for tr in traces:
         d = SuffixDrafter(parse_suffix_options(""))
         prompt, out = list(tr["prompt_ids"]), list(tr["tokens"])
-        gen, sw = make_generator(0), Stopwatch()
+        gen = make_generator(0)
         d.prefill(prompt[:-1])
         for t in range(len(out) - 1):
-            draft = d.propose(prompt + out[:t], 16, GREEDY, gen, sw).tokens
+            draft = d.propose(prompt + out[:t], 16, GREEDY, gen).tokens
             if not draft:
                 continue
             b, m = bucket_of(d.last_match_len), matched(draft, out[t:])

@@ -33,7 +33,6 @@ from specdec.models.loader import ModelConfig
 from specdec.models.mock import MockLM, MockSpec, mock_pair
 from specdec.pairs import DEFAULT_DRAFT, HybridRef, load_pair
 from specdec.sampling import GREEDY, SamplingConfig, make_generator
-from specdec.timing import Stopwatch
 
 VOCAB = 12
 
@@ -120,7 +119,7 @@ def test_a_slide_rebases_to_the_last_window_tokens_and_is_counted() -> None:
     d.prefill(ctx[:-1])
     assert draft.cached_tokens == ctx[3:9] and d.rebases == 0
     ctx += [4, 5, 6, 7, 8, 9]  # 16 tokens: the view (13) + 3 drafts + 1 to spare > 16
-    out = d.propose(ctx, 3, GREEDY, make_generator(0), Stopwatch())
+    out = d.propose(ctx, 3, GREEDY, make_generator(0))
     assert len(out) == 3 and d.rebases == 1 and d.offset == len(ctx) - 6
     assert draft.cached_tokens == ctx[-6:] + out.tokens[:-1]  # the window, then the drafts
     assert d.report() == {"draft_window": 6, "draft_rebases": 1}
@@ -159,13 +158,13 @@ def test_the_draft_never_takes_an_id_it_lacks_and_drafts_once_it_left_the_window
     inside = [0, 4, 5, 7, 3]  # 7 is beyond the draft's 6 ids
     d.prefill(inside)
     assert draft.cached_tokens == [5]  # the view [5, 7, 3] up to the id it lacks
-    out = d.propose([*inside, 4], 2, SamplingConfig(1.0), make_generator(0), Stopwatch())
+    out = d.propose([*inside, 4], 2, SamplingConfig(1.0), make_generator(0))
     assert out.tokens == []
     d.reset()
     outside = [0, 7, 4, 5, 3, 4]
     d.prefill(outside)
     assert draft.cached_tokens == [5, 3, 4]
-    out = d.propose([*outside, 5], 2, SamplingConfig(1.0), make_generator(0), Stopwatch())
+    out = d.propose([*outside, 5], 2, SamplingConfig(1.0), make_generator(0))
     assert len(out) == 2 and out.probs is not None and out.probs.shape == (2, 8)
     assert all(t < 6 for t in draft.cached_tokens)
 

@@ -21,7 +21,6 @@ from specdec.drafters.suffix import SuffixDrafter, SuffixOptions
 from specdec.errors import ConfigError
 from specdec.models.mock import MockLM, MockSpec, mock_pair
 from specdec.sampling import GREEDY, SamplingConfig
-from specdec.timing import Stopwatch
 
 
 def hybrid(
@@ -94,7 +93,7 @@ def test_the_model_is_only_asked_when_the_suffix_drafter_has_nothing() -> None:
     novel = [*ctx, 250, 251, 252]
     gen = torch.Generator().manual_seed(0)
     calls = draft.extend_calls
-    d = h.propose(novel, 3, GREEDY, gen, Stopwatch())
+    d = h.propose(novel, 3, GREEDY, gen)
     assert h.last_source == "model" and len(d) == 3 and d.probs is not None
     assert draft.extend_calls == calls + 1 + 2  # catch-up, then one call per further draft
     assert draft.cached_tokens == [*novel, *d.tokens[:2]]
@@ -107,7 +106,7 @@ def test_rollback_prefill_and_reset_reach_both_drafters() -> None:
     ctx = [3, 4, 5, 6, 7, 8, 9, 10, 11, 3, 4, 5]
     h.prefill(ctx[:-1])
     assert draft.cached_tokens == ctx[:-1] and h.suffix.index.tokens == ctx[:-1]
-    h.model.propose(ctx, 4, GREEDY, gen, Stopwatch())  # the model cache now holds drafts
+    h.model.propose(ctx, 4, GREEDY, gen)  # the model cache now holds drafts
     assert draft.n_cached == len(ctx) + 3
     h.rollback(ctx[:6])
     assert draft.cached_tokens == ctx[:6] and h.suffix.index.tokens == ctx[:6]

@@ -31,7 +31,6 @@ from specdec.models.mock import MockLM, MockSpec
 from specdec.pairs import is_model_free, is_planned, load_pair
 from specdec.sampling import GREEDY, SamplingConfig
 from specdec.theory import Costs
-from specdec.timing import Stopwatch
 
 # a pass over n tokens costs n steps (serial) / about one step (batch-parallel)
 SERIAL = Costs(verify_s=tuple(float(n) for n in range(1, 17)), prefill_tps=1e3)
@@ -149,7 +148,7 @@ def test_it_learns_how_much_of_each_draft_the_context_kept() -> None:
     d = PlannedSuffixDrafter(inner, FLAT)
     gen = torch.Generator().manual_seed(0)
     ctx = [1, 2, 3, 4, 5, 1, 2, 3]
-    draft = d.propose(ctx, 4, GREEDY, gen, Stopwatch()).tokens
+    draft = d.propose(ctx, 4, GREEDY, gen).tokens
     assert draft and draft[0] == 4
     # the verifier kept one token and emitted 9 where the draft had draft[1]
     d.rollback([*ctx, draft[0], 9])

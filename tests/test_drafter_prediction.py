@@ -27,7 +27,6 @@ from specdec.drafters.suffix import SuffixDrafter
 from specdec.models.mock import MockLM, MockSpec
 from specdec.sampling import GREEDY, SamplingConfig
 from specdec.theory import Costs
-from specdec.timing import Stopwatch
 
 FLAT = Costs(verify_s=tuple(1.0 + 0.02 * n for n in range(32)), prefill_tps=1e3)
 SERIAL = Costs(verify_s=tuple(float(n) for n in range(1, 33)), prefill_tps=1e3)
@@ -35,7 +34,7 @@ N_SEQ = 20_000
 
 
 def _propose(d: PredictionDrafter, context: list[int], k: int = 8) -> Draft:
-    return d.propose(context, k, GREEDY, torch.Generator().manual_seed(0), Stopwatch())
+    return d.propose(context, k, GREEDY, torch.Generator().manual_seed(0))
 
 
 # ---------------------------------------------------------------------------- the index
@@ -91,7 +90,7 @@ def test_the_fallback_drafts_where_the_prediction_has_no_match() -> None:
     assert _propose(d, prompt).tokens == [50, 51, 52]  # the prediction first
     ctx = [*prompt, 1, 7, 8]  # left it at once
     draft = _propose(d, ctx)
-    alone = SuffixDrafter().propose(ctx, 8, GREEDY, torch.Generator(), Stopwatch())
+    alone = SuffixDrafter().propose(ctx, 8, GREEDY, torch.Generator())
     assert draft.source is None and draft.tokens == alone.tokens and len(alone.tokens) > 0
 
 

@@ -26,12 +26,11 @@ from specdec.drafters.suffix import (
 from specdec.errors import ConfigError
 from specdec.models.mock import MockLM, MockSpec
 from specdec.sampling import GREEDY, SamplingConfig
-from specdec.timing import Stopwatch
 
 
 def propose(drafter: SuffixDrafter, context: list[int], k: int) -> list[int]:
     gen = torch.Generator().manual_seed(0)
-    return drafter.propose(context, k, GREEDY, gen, Stopwatch()).tokens
+    return drafter.propose(context, k, GREEDY, gen).tokens
 
 
 def fresh_index(tokens: list[int], min_n: int, max_n: int) -> SuffixIndex:

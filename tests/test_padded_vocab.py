@@ -20,7 +20,6 @@ from specdec.models.vocab import MAX_VOCAB_PAD, check_same_vocabulary, fit_logit
 from specdec.pairs import load_pair
 from specdec.rejection import exact_round_distribution
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
-from specdec.timing import Stopwatch
 from test_decoding import sequence_pvalue
 
 # >= 259 ids: the mock tokenizer maps every byte to its own id, whatever the size
@@ -88,7 +87,7 @@ def test_draft_rows_have_the_target_width_and_no_mass_on_missing_ids() -> None:
     for dv in (6, 10):
         draft, target = mock_pair("close", vocab_size=8, draft_vocab_size=dv, sharpness=1.0)
         d = ModelDrafter(draft, vocab_size=target.vocab_size)
-        out = d.propose([0, 4], 4, SamplingConfig(1.0), make_generator(1), Stopwatch())
+        out = d.propose([0, 4], 4, SamplingConfig(1.0), make_generator(1))
         assert out.probs is not None and out.probs.shape == (4, 8)
         assert all(t < min(dv, 8) for t in out.tokens)
         if dv < 8:
@@ -102,7 +101,7 @@ def test_a_context_with_an_id_the_draft_lacks_gets_no_drafts() -> None:
     d = ModelDrafter(draft, vocab_size=8)
     d.prefill([0, 4, 7, 3])  # id 7 is beyond the draft's 6
     assert draft.cached_tokens == [0, 4]
-    out = d.propose([0, 4, 7, 3], 3, SamplingConfig(1.0), make_generator(0), Stopwatch())
+    out = d.propose([0, 4, 7, 3], 3, SamplingConfig(1.0), make_generator(0))
     assert out.tokens == [] and out.probs is None
 
 

@@ -305,11 +305,10 @@ def speculative_round(
     # 1. How many drafts: the policy's K, clamped to the tokens wanted and the window.
     k_r = clamp_k(k, remaining, n_ctx, len(ctx))
     # 2. Draft (a drafter may propose fewer tokens than asked, or none).
-    draft = (
-        drafter.propose(ctx, k_r, sampling, draft_generator, stopwatch)
-        if drafter is not None and k_r > 0
-        else Draft([], None)
-    )
+    draft = Draft([], None)
+    if drafter is not None and k_r > 0:
+        with stopwatch.section("draft"):  # the loop times the drafter, whatever it does
+            draft = drafter.propose(ctx, k_r, sampling, draft_generator)
     k_r = len(draft)
     assert target.n_cached == len(ctx) - 1, "target cache out of sync with the context"
     # 3. Verify: ONE target pass over [last context token, x_1..x_K] -> K + 1 rows.

@@ -19,7 +19,6 @@ from specdec.drafters.base import Drafter
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
 from specdec.sampling import GREEDY, make_generator
-from specdec.timing import Stopwatch
 
 Clock = Callable[[], float]
 
@@ -150,7 +149,7 @@ def drafter_latency(
     for _ in range(repeats + 1):  # the first call is a warm-up
         drafter.reset()
         t0 = clock()
-        drafter.propose(list(context_ids), 1, GREEDY, gen, Stopwatch())
+        drafter.propose(list(context_ids), 1, GREEDY, gen)
         samples.append(clock() - t0)
     drafter.reset()
     return float(statistics.median(samples[1:]))

@@ -47,7 +47,6 @@ from specdec.models.base import (
     extend_last,
 )
 from specdec.sampling import SamplingConfig
-from specdec.timing import Stopwatch
 
 
 def _residual_is_p(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -270,9 +269,8 @@ class WrongQDrafter(ModelDrafter):
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
-        stopwatch: Stopwatch,
     ) -> Draft:
-        d = super().propose(context, k, sampling, generator, stopwatch)
+        d = super().propose(context, k, sampling, generator)
         if d.probs is None:
             return d
         sq = d.probs.double() ** 2  # [K, V]
@@ -304,10 +302,9 @@ class RoundCountingDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
-        stopwatch: Stopwatch,
     ) -> Draft:
         _CLOCK.rounds += 1
-        return self.inner.propose(context, k, sampling, generator, stopwatch)
+        return self.inner.propose(context, k, sampling, generator)
 
 
 NOISY_SCALE = 0.05  # logit noise of the noisy-numerics control (the mocks' logits have sd 2)

@@ -9,7 +9,6 @@ from typing import Protocol
 import torch
 
 from specdec.sampling import SamplingConfig
-from specdec.timing import Stopwatch
 
 
 @dataclass
@@ -51,7 +50,6 @@ class Drafter(Protocol):
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
-        stopwatch: Stopwatch,
     ) -> Draft:
         """Up to k tokens continuing ``context``, with their q rows when available."""
         ...

@@ -23,7 +23,6 @@ from specdec.drafters.model import ModelDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
 from specdec.sampling import SamplingConfig
-from specdec.timing import Stopwatch
 
 
 class HybridDrafter:
@@ -85,12 +84,11 @@ class HybridDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
-        stopwatch: Stopwatch,
     ) -> Draft:
         self.last_source = "none"
         if k <= 0:
             return Draft([], None)
-        draft = self.suffix.propose(context, k, sampling, generator, stopwatch)
+        draft = self.suffix.propose(context, k, sampling, generator)
         if len(draft):
             self.suffix_rounds += 1
             self.last_source = "suffix"
@@ -104,7 +102,7 @@ class HybridDrafter:
             k_model = min(k_model, self.model.model.n_ctx - len(context) + 1)
         if k_model <= 0:
             return Draft([], None)
-        draft = self.model.propose(context, k_model, sampling, generator, stopwatch)
+        draft = self.model.propose(context, k_model, sampling, generator)
         if len(draft):
             self.model_rounds += 1
             self.last_source = "model"

@@ -11,7 +11,6 @@ from specdec.errors import ConfigError
 from specdec.models.base import CausalLM, extend_last
 from specdec.models.vocab import fit_logits
 from specdec.sampling import SamplingConfig, logits_to_probs, sample
-from specdec.timing import Stopwatch
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -163,7 +162,6 @@ class ModelDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
-        stopwatch: Stopwatch,
     ) -> Draft:
         if k > 0 and self.window is not None:
             k = self._slide(context, k)
@@ -172,17 +170,14 @@ class ModelDrafter:
             return Draft([], None)  # nothing asked, or an id the draft model cannot take
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
-        with stopwatch.section("draft"):
-            logits = self._sync(view, keep_last=True)
+        logits = self._sync(view, keep_last=True)
         assert logits is not None
         for i in range(k):
-            with stopwatch.section("sampling"):
-                q = logits_to_probs(fit_logits(logits, self.vocab_size), sampling)  # [V target]
-                tok = sample(q, generator)
+            q = logits_to_probs(fit_logits(logits, self.vocab_size), sampling)  # [V target]
+            tok = sample(q, generator)
             tokens.append(tok)
             rows.append(q)
             if i + 1 < k:
-                with stopwatch.section("draft"):
-                    logits = self.model.extend([tok])[-1]
+                logits = self.model.extend([tok])[-1]
                 self._fed.append(tok)
         return Draft(tokens, torch.stack(rows))  # probs [K, V]

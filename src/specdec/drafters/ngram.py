@@ -14,7 +14,6 @@ import torch
 from specdec.drafters.base import Draft
 from specdec.errors import ConfigError
 from specdec.sampling import SamplingConfig
-from specdec.timing import Stopwatch
 
 
 def lookup_continuation(context: Sequence[int], k: int, max_n: int, min_n: int) -> list[int]:
@@ -56,10 +55,8 @@ class NgramDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
-        stopwatch: Stopwatch,
     ) -> Draft:
         if k <= 0:
             return Draft([], None)
-        with stopwatch.section("draft"):
-            tokens = lookup_continuation(context, k, self.max_n, self.min_n)
+        tokens = lookup_continuation(context, k, self.max_n, self.min_n)
         return Draft(tokens, None)

@@ -44,7 +44,6 @@ from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
 from specdec.sampling import SamplingConfig
 from specdec.theory import Costs, expected_tokens_per_round
-from specdec.timing import Stopwatch
 
 # match-length buckets: the lower bound of each (a match of m tokens falls in the last
 # bucket whose bound is <= m)
@@ -201,10 +200,9 @@ class PlannedSuffixDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
-        stopwatch: Stopwatch,
     ) -> Draft:
         self._settle(context)
-        draft = self.inner.propose(context, k, sampling, generator, stopwatch)
+        draft = self.inner.propose(context, k, sampling, generator)
         if not draft.tokens:
             return draft
         match_len = self.inner.last_match_len

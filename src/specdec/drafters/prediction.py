@@ -42,7 +42,6 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.planned import BUCKETS, EXPLORE_LEN, MatchPlanner, Rate
 from specdec.sampling import SamplingConfig
 from specdec.theory import Costs
-from specdec.timing import Stopwatch
 
 SOURCE = "prediction"
 MAX_MATCH = 8  # longest output suffix compared when re-synchronising (and the top bucket)
@@ -197,7 +196,6 @@ class PredictionDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
-        stopwatch: Stopwatch,
     ) -> Draft:
         self._walk(context)
         if self.pos is None:
@@ -215,5 +213,5 @@ class PredictionDrafter:
                 return Draft(tokens, None, source=SOURCE)
             return Draft([], None)  # drafting here would not pay: a plain step
         if self.fallback is not None:
-            return self.fallback.propose(context, k, sampling, generator, stopwatch)
+            return self.fallback.propose(context, k, sampling, generator)
         return Draft([], None)

@@ -32,7 +32,6 @@ import torch
 from specdec.drafters.base import Draft
 from specdec.errors import ConfigError
 from specdec.sampling import SamplingConfig
-from specdec.timing import Stopwatch
 
 # Shared tokens compared when syncing the index to a context (see SuffixDrafter._agreed).
 SYNC_CHECK = 16
@@ -270,11 +269,9 @@ class SuffixDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
-        stopwatch: Stopwatch,
     ) -> Draft:
         if k <= 0:
             return Draft([], None)
-        with stopwatch.section("draft"):
-            self._sync(context)
-            self.last_match_len, tokens = suffix_draft(self.index, k, self.options)
+        self._sync(context)
+        self.last_match_len, tokens = suffix_draft(self.index, k, self.options)
         return Draft(tokens, None)

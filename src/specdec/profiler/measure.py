@@ -26,7 +26,6 @@ from specdec.models.vocab import fit_logits
 from specdec.profiler.predict import Costs, ProbeSequence, runs_from_matches
 from specdec.rejection import accept_reject
 from specdec.sampling import GREEDY, logits_to_probs, make_generator
-from specdec.timing import Stopwatch
 
 PREFILL_TOKENS = 256  # the prefill-throughput pass (long enough to be compute-bound)
 
@@ -316,14 +315,14 @@ def model_free_probe(
     much of it matches the target's continuation."""
     prompt = [int(t) for t in prompt_ids]
     cont = [int(t) for t in continuation]
-    gen, sw = make_generator(0), Stopwatch()
+    gen = make_generator(0)
     drafter.reset()
     drafter.prefill(prompt[:-1])
     proposals: list[tuple[int, int]] = []
     for t in range(len(cont)):
         ctx = prompt + cont[:t]
         drafter.rollback(ctx)
-        toks = drafter.propose(ctx, k_cap, GREEDY, gen, sw).tokens
+        toks = drafter.propose(ctx, k_cap, GREEDY, gen).tokens
         matched = 0
         for a, b in zip(toks, cont[t:], strict=False):
             if a != b:
@@ -344,7 +343,7 @@ def round_walk_probe(
     for ``simulate(seq, k_cap)``."""
     prompt = [int(t) for t in prompt_ids]
     cont = [int(t) for t in continuation]
-    gen, sw = make_generator(0), Stopwatch()
+    gen = make_generator(0)
     drafter.reset()
     drafter.prefill(prompt[:-1])
     proposals: list[tuple[int, int]] = [(0, 0)] * len(cont)
@@ -352,7 +351,7 @@ def round_walk_probe(
     while t < len(cont):
         ctx = prompt + cont[:t]
         drafter.rollback(ctx)
-        toks = drafter.propose(ctx, min(k_cap, len(cont) - t - 1), GREEDY, gen, sw).tokens
+        toks = drafter.propose(ctx, min(k_cap, len(cont) - t - 1), GREEDY, gen).tokens
         matched = 0
         for a, b in zip(toks, cont[t:], strict=False):
             if a != b:
