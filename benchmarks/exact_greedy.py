@@ -40,12 +40,6 @@ DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 LONG = 600  # prompt tokens that make a prompt "long" for the done-when of issue 26
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    from specdec.certify.real import first_difference as fd
-
-    return fd(a, b)
-
-
 def choose_prompts(target: Any, n_long: int, per_category: int) -> list[tuple[Any, list[int]]]:
     from specdec.bench.prompts import (
         load_code_completion,
@@ -69,6 +63,7 @@ def run_prompt(
     target: Any, other: Any, drafters: dict[str, tuple[Any, int]], ids: list[int], n_new: int
 ) -> dict[str, Any]:
     from specdec.decoding import generate
+    from specdec.stats import first_difference
 
     runs: dict[str, dict[str, Any]] = {}
     target.truncate(0)

@@ -22,7 +22,6 @@ from specdec.endpoint.certify import (
     STATISTICS,
     EndpointCertifyPlan,
     compare_greedy,
-    first_difference,
     sampled_tests,
     statistics_of,
 )
@@ -36,6 +35,7 @@ from specdec.endpoint.client import (
 )
 from specdec.endpoint.counters import counters_from_body, metrics_counters, parse_prometheus
 from specdec.endpoint.errors import EndpointError
+from specdec.stats import first_difference
 
 pytest.importorskip("fastapi")
 pytest.importorskip("sse_starlette")

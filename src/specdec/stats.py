@@ -469,3 +469,12 @@ def simulated_power_gof(
     for _ in range(trials):
         hits += int(chisquare_gof(rng.multinomial(n, pt), p_null).pvalue <= alpha)
     return hits / trials
+
+
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """The first index where two sequences differ (the shorter length when one is a prefix
+    of the other), None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

@@ -88,11 +88,6 @@ def apply_holm(records: Sequence[TestRecord], alpha: float, power: float = 0.8) 
     return out
 
 
-def finite(x: float) -> float | None:
-    """JSON-friendly float (None for nan / inf)."""
-    return x if math.isfinite(x) else None
-
-
 def fmt(x: float, digits: int = 3) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}g}"
 

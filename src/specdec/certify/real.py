@@ -43,7 +43,7 @@ from specdec.decoding import GenerationResult, generate
 from specdec.drafters.base import Drafter
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingConfig
-from specdec.stats import softmax_tv_bound
+from specdec.stats import first_difference, softmax_tv_bound
 
 from .common import FAIL, PASS, WARN, fmt
 from .invariance import InvarianceResult, batch_invariance
@@ -138,13 +138,6 @@ class GreedyPrompt:
     agree_shape_matched: bool
     divergence: Divergence | None = None
     seconds: float = 0.0
-
-
-def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def classify_divergence(

@@ -4,10 +4,11 @@ verdict), from the level results."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from specdec.jsonable import json_ready
 
 from .common import FAIL, PASS, SKIPPED, WARN, fmt, worst_status
 from .invariance import InvarianceResult
@@ -265,23 +266,12 @@ class Certificate:
         return "\n".join(lines)
 
 
-def _json_safe(x: Any) -> Any:
-    """nan / inf -> None, recursively (certificate.json is strict JSON)."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_json_safe(v) for v in x]
-    return x
-
-
 def write_certificate(cert: Certificate, out_dir: Path) -> tuple[Path, Path]:
     """Write certificate.json and certificate.md into out_dir; return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pj, pm = out_dir / "certificate.json", out_dir / "certificate.md"
     pj.write_text(
-        json.dumps(_json_safe(cert.to_dict()), indent=2, allow_nan=False) + "\n", encoding="utf-8"
+        json.dumps(json_ready(cert.to_dict()), indent=2, allow_nan=False) + "\n", encoding="utf-8"
     )
     pm.write_text(cert.to_markdown(), encoding="utf-8")
     return pj, pm

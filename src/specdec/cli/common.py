@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
-from typing import Any
 
 from specdec.errors import ConfigError
+from specdec.jsonable import json_ready as json_ready  # re-exported for the subcommands
 from specdec.models.loader import BACKENDS, DEVICES, DTYPES, ModelConfig
 from specdec.pairs import (
     DEFAULT_DRAFT,
@@ -159,17 +158,6 @@ def read_prompt(value: str) -> str:
     if bad is not None:  # argv bytes that were not UTF-8 arrive as lone surrogates
         raise ConfigError(f"the prompt is not valid UTF-8 at character {bad}")
     return value
-
-
-def json_ready(x: Any) -> Any:
-    """Valid JSON values: undefined or unbounded figures (NaN, inf) become null."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: json_ready(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [json_ready(v) for v in x]
-    return x
 
 
 def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:

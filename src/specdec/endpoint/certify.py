@@ -43,11 +43,13 @@ from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.errors import EndpointError
 from specdec.endpoint.pairing import Sides, check_off_reply, open_clients, probe_switch
 from specdec.errors import ConfigError
+from specdec.jsonable import json_ready
 from specdec.stats import (
     MIN_EXPECTED,
     ChiSquareResult,
     chisquare_homogeneity,
     combine_chisquare,
+    first_difference,
     holm_adjust,
     min_detectable_tv_combined,
     pool_rare,
@@ -169,15 +171,6 @@ class GreedyCase:
     gap_on: float | None = None  # nats, in the spec-on side's row
     gap_off: float | None = None
     reason: str = ""
-
-
-def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
-    """The first index where two sequences differ (the shorter length when one is a prefix
-    of the other), None when equal."""
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _gap(row: Mapping[str, float] | None, mine: str, other: str) -> float | None:
@@ -414,7 +407,7 @@ class EndpointCertificate:
         return f"endpoint certificate: {VERDICT[self.status]}: " + "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean(
+        return json_ready(
             {
                 "status": self.status,
                 "verdict": VERDICT[self.status],
@@ -432,16 +425,6 @@ class EndpointCertificate:
                 "command": self.command,
             }
         )
-
-
-def _clean(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
 
 
 async def _bounded(jobs: Sequence[Callable[[], Any]], concurrency: int) -> list[Any]:

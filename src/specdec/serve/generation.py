@@ -10,7 +10,6 @@ cancellation between rounds); ``usage`` and ``timings`` give the statistics fiel
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 from specdec.api import Completion, Pair
 from specdec.decoding import GenerationResult, validate_request
 from specdec.errors import SpecdecError
+from specdec.jsonable import finite
 from specdec.pairs import pair_context_limit
 from specdec.serve.engine import Job
 from specdec.serve.errors import FieldError
@@ -162,10 +162,6 @@ def openai_finish_reason(reason: str) -> str:
     return "length" if reason in ("length", "context") else "stop"
 
 
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 def usage(result: GenerationResult) -> dict[str, Any]:
     """OpenAI's usage plus the speculative statistics (docs/metrics.md)."""
     n_prompt, n_out = len(result.prompt_ids), len(result.tokens)
@@ -183,12 +179,12 @@ def usage(result: GenerationResult) -> dict[str, Any]:
         "drafted_tokens": result.drafted_tokens,
         "accepted_tokens": result.accepted_tokens,
         "verification_rounds": result.n_rounds,
-        "draft_acceptance_rate": _finite(result.draft_acceptance_rate),
-        "mean_acceptance_length": _finite(result.mean_acceptance_length),
+        "draft_acceptance_rate": finite(result.draft_acceptance_rate),
+        "mean_acceptance_length": finite(result.mean_acceptance_length),
         "accepted_length_histogram": result.accepted_length_histogram(),
-        "acceptance_by_position": [_finite(a) for a in result.acceptance_by_position()],
-        "tokens_per_second": _finite(result.tokens_per_second),
-        "time_split": {k: _finite(v) for k, v in result.time_split().items()},
+        "acceptance_by_position": [finite(a) for a in result.acceptance_by_position()],
+        "tokens_per_second": finite(result.tokens_per_second),
+        "time_split": {k: finite(v) for k, v in result.time_split().items()},
     }
 
 
@@ -200,7 +196,7 @@ def timings(result: GenerationResult) -> dict[str, Any]:
         "prompt_ms": 1000 * result.t_prefill,
         "predicted_n": len(result.tokens),
         "predicted_ms": 1000 * predicted_s,
-        "predicted_per_second": _finite(result.tokens_per_second),
+        "predicted_per_second": finite(result.tokens_per_second),
         "draft_n": result.drafted_tokens,
         "draft_n_accepted": result.accepted_tokens,
     }
