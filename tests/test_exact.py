@@ -21,6 +21,7 @@ from specdec.errors import ConfigError
 from specdec.models.exact import NotExactError, check_rows_exact, compare_rows, self_check
 from specdec.models.loader import ModelConfig, load_model
 from specdec.models.mock import MockLM
+from specdec.models.wrapped import WrappedLM
 from tiny_models import llama_cpp_or_skip, store_model_or_skip
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -36,29 +37,13 @@ def test_compare_rows_is_bitwise() -> None:
     assert 0 < check.max_abs < 1e-5
 
 
-class BatchDependentLM:
+class BatchDependentLM(WrappedLM):
     """A mock whose rows move by 1e-6 inside passes of more than one token, as a batched
     kernel with another reduction order would."""
 
-    def __init__(self, inner: MockLM) -> None:
-        self.inner = inner
-        self.vocab_size, self.eos_token_ids, self.n_ctx = (
-            inner.vocab_size,
-            inner.eos_token_ids,
-            inner.n_ctx,
-        )
-        self.tokenizer = inner.tokenizer
-
-    @property
-    def n_cached(self) -> int:
-        return self.inner.n_cached
-
-    def extend(self, tokens: Sequence[int]) -> torch.Tensor:
-        rows = self.inner.extend(tokens)
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        rows = super().extend(tokens, last_only=last_only)
         return rows + 1e-6 if len(tokens) > 1 else rows
-
-    def truncate(self, n_keep: int) -> None:
-        self.inner.truncate(n_keep)
 
 
 def _mock() -> MockLM:
@@ -72,7 +57,7 @@ def test_the_mock_models_are_exact_and_a_batch_dependent_one_is_refused() -> Non
     assert [c.n for c in checks] == list(range(1, 17)) and all(c.exact for c in checks)
     self_check(_mock(), "mock")  # passes
     with pytest.raises(NotExactError, match="row 0 of a 9-token pass"):
-        self_check(BatchDependentLM(_mock()), "batch-dependent mock")  # type: ignore[arg-type]
+        self_check(BatchDependentLM(_mock()), "batch-dependent mock")
 
 
 def test_exact_model_configs() -> None:

@@ -41,11 +41,11 @@ from specdec.drafters.model import ModelDrafter
 from specdec.errors import ConfigError
 from specdec.models.base import (
     CausalLM,
-    Tokenizer,
     check_extend_args,
     check_truncate_args,
     extend_last,
 )
+from specdec.models.wrapped import WrappedLM
 from specdec.sampling import SamplingConfig
 
 
@@ -109,7 +109,7 @@ def injected_fault(name: str | None) -> Iterator[None]:
         setattr(rejection, attr, original)
 
 
-class BatchVariantLM:
+class BatchVariantLM(WrappedLM):
     """Wraps a CausalLM; a pass over n > 1 tokens returns logits plus a deterministic
     perturbation in [-scale, scale] that depends on the pass size n and the absolute position
     (and, with row_dependent=True, also on the row's index within the pass), like kernels
@@ -118,24 +118,10 @@ class BatchVariantLM:
     def __init__(
         self, model: CausalLM, scale: float, seed: int = 0, *, row_dependent: bool = False
     ) -> None:
-        self.model = model
+        super().__init__(model)
         self.scale = float(scale)
         self.seed = int(seed)
         self.row_dependent = row_dependent
-        self.vocab_size = model.vocab_size
-        self.eos_token_ids = model.eos_token_ids
-        self.n_ctx = model.n_ctx
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.model.tokenizer
-
-    @property
-    def n_cached(self) -> int:
-        return self.model.n_cached
-
-    def truncate(self, n_keep: int) -> None:
-        self.model.truncate(n_keep)
 
     def perturbation(self, n: int, row: int, position: int) -> torch.Tensor:
         """The perturbation [V] added to row ``row`` of an n-token pass at ``position``."""
@@ -155,31 +141,7 @@ class BatchVariantLM:
 
 
 # ------------------------------------------------------------------ backend faults
-class _Wrapped:
-    """Delegates the CausalLM interface to ``self.model``."""
-
-    def __init__(self, model: CausalLM) -> None:
-        self.model = model
-        self.vocab_size = model.vocab_size
-        self.eos_token_ids = model.eos_token_ids
-        self.n_ctx = model.n_ctx
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.model.tokenizer
-
-    @property
-    def n_cached(self) -> int:
-        return self.model.n_cached
-
-    def truncate(self, n_keep: int) -> None:
-        self.model.truncate(n_keep)
-
-    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
-        return extend_last(self.model, tokens) if last_only else self.model.extend(tokens)
-
-
-class WrongRowsLM(_Wrapped):
+class WrongRowsLM(WrappedLM):
     """Bug: a pass over n > 1 tokens returns row i - 1 in place of row i (row 0 twice), as an
     off-by-one in the gather of a batched kernel would. Single-token passes are right, so
     plain decoding is unaffected; every multi-token row is the previous position's."""
@@ -191,7 +153,7 @@ class WrongRowsLM(_Wrapped):
         return out[-1:] if last_only else out
 
 
-class StaleRollbackLM(_Wrapped):
+class StaleRollbackLM(WrappedLM):
     """Bug: truncate(n_keep) with 0 < n_keep < n_cached keeps the first dropped entry in the
     wrapped cache (an off-by-one crop), so later rows attend to a rejected token. The wrapper
     reports the positions it was asked to keep; truncate(0) is right."""
@@ -226,7 +188,7 @@ def _position_vector(seed: int, position: int, vocab: int, scale: float) -> torc
     return scale * torch.randn(vocab, generator=g)  # [V]
 
 
-class PositionalLM(_Wrapped):
+class PositionalLM(WrappedLM):
     """Logits that depend on the absolute position: row at position t gets a fixed vector
     scale * N(0, 1)[V] seeded by t (a stand-in for position embeddings). Correct as is;
     with off_by_one=True, every partial truncate() (0 < n_keep < n_cached) makes the

@@ -33,7 +33,8 @@ import torch
 
 from specdec.decoding import RoundStats, generate
 from specdec.drafters.base import Drafter
-from specdec.models.base import CausalLM, Tokenizer, extend_last
+from specdec.models.base import CausalLM, extend_last
+from specdec.models.wrapped import WrappedLM
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
 
 from .pit import draw_v, order_keys, pit_values
@@ -103,31 +104,17 @@ def draft_rows(draft: CausalLM, prompt: Sequence[int], tokens: Sequence[int]) ->
     return draft.extend([ctx[-1], *(int(t) for t in tokens[:-1])])  # [n, V]
 
 
-class RecordingLM:
+class RecordingLM(WrappedLM):
     """A CausalLM that passes every call through and keeps (cache length before, tokens,
     returned logits) of each extend: the rows the decoder actually verified against."""
 
     def __init__(self, model: CausalLM) -> None:
-        self.model = model
-        self.vocab_size = model.vocab_size
-        self.eos_token_ids = model.eos_token_ids
-        self.n_ctx = model.n_ctx
+        super().__init__(model)
         self.passes: list[tuple[int, list[int], torch.Tensor]] = []
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.model.tokenizer
-
-    @property
-    def n_cached(self) -> int:
-        return self.model.n_cached
-
-    def truncate(self, n_keep: int) -> None:
-        self.model.truncate(n_keep)
 
     def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
         start = self.model.n_cached
-        out = extend_last(self.model, tokens) if last_only else self.model.extend(tokens)
+        out = super().extend(tokens, last_only=last_only)
         self.passes.append((start, [int(t) for t in tokens], out))
         return out
 

@@ -16,14 +16,14 @@ import torch
 
 from specdec.models.base import (
     CausalLM,
-    Tokenizer,
     check_extend_args,
     check_truncate_args,
     extend_last,
 )
+from specdec.models.wrapped import WrappedLM
 
 
-class PrefixReuseLM:
+class PrefixReuseLM(WrappedLM):
     """A ``CausalLM`` over another one; positions are virtual until the next real extend.
 
     Invariant: the wrapped cache holds ``self._tokens`` and its first ``n_cached`` entries are
@@ -31,10 +31,7 @@ class PrefixReuseLM:
     """
 
     def __init__(self, model: CausalLM) -> None:
-        self.model = model
-        self.vocab_size = model.vocab_size
-        self.eos_token_ids = model.eos_token_ids
-        self.n_ctx = model.n_ctx
+        super().__init__(model)
         if model.n_cached:
             model.truncate(0)
         self._tokens: list[int] = []
@@ -42,10 +39,6 @@ class PrefixReuseLM:
         self._prefix: tuple[int, ...] | None = None
         self._prefix_logits: torch.Tensor | None = None  # [len(prefix), V] or [1, V]
         self.reused = 0  # prefills served from the cache
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.model.tokenizer
 
     @property
     def n_cached(self) -> int:
