@@ -30,7 +30,8 @@ def prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
 @pytest.mark.parametrize("closeness", ["identical", "close", "far"])
 def test_greedy_speculative_is_bit_identical_to_plain(closeness: str) -> None:
     draft, target = mock_pair(closeness, vocab_size=24, order=2)
-    for prompt in prompts(12, 24, seed=hash(closeness) % 1000):
+    seed = {"identical": 0, "close": 1, "far": 2}[closeness]  # hash() changes per process
+    for prompt in prompts(12, 24, seed=seed):
         plain = generate(target, None, prompt, max_new_tokens=40, k=0, stop_on_eos=False)
         for k in range(1, 9):
             spec = generate(target, draft, prompt, max_new_tokens=40, k=k, stop_on_eos=False)

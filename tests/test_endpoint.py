@@ -458,6 +458,8 @@ def test_a_server_that_hangs_times_out(tmp_path: Path, capsys: pytest.CaptureFix
         return JSONResponse({"object": "list", "data": [{"id": "slow"}]})
 
     async def hang(_: HttpRequest) -> JSONResponse:
+        # past the client's 0.3 s; without the timeout the client would get this empty body
+        # and fail with another message than the one checked below
         await asyncio.sleep(3)
         return JSONResponse({})
 
@@ -468,7 +470,6 @@ def test_a_server_that_hangs_times_out(tmp_path: Path, capsys: pytest.CaptureFix
         ]
     )
     with running_app(app) as base:
-        t0 = time.monotonic()
         rc, _, err = run_cli(
             [
                 "bench",
@@ -483,7 +484,7 @@ def test_a_server_that_hangs_times_out(tmp_path: Path, capsys: pytest.CaptureFix
             ],
             capsys,
         )
-        assert rc == 2 and time.monotonic() - t0 < 3  # before the server's own 3 s
+        assert rc == 2
     one_line_error(err, "sent nothing for 0.3 s (timeout)", "after 1 attempt")
 
 

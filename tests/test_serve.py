@@ -475,13 +475,11 @@ def test_shutdown_with_a_stream_in_flight_cancels_it_and_waits_for_the_worker() 
     reader = threading.Thread(target=read)
     reader.start()
     assert started.wait(10)
-    t0 = time.monotonic()
     stop()  # graceful wait 0.5 s, then the stream is cancelled and the worker drained
-    reader.join(10)
-    assert not reader.is_alive() and time.monotonic() - t0 < 10
-    n = slow.target.n_cached
-    time.sleep(0.3)
-    assert slow.target.n_cached == n < 200  # stopped, long before its 500 tokens
+    reader.join(10)  # a hang guard, not a speed check
+    assert not reader.is_alive()
+    # stop() returned only after the server thread ended: the generation cannot go on
+    assert slow.target.n_cached < 200  # stopped, long before its 500 tokens
 
 
 # -- the command line -----------------------------------------------------------------------------
