@@ -32,12 +32,12 @@ def main() -> int:
 
     from plain_baselines import auto_choice
 
-    from specdec.bench.prompts import select_prompts
     from specdec.decoding import generate
     from specdec.drafters.planned import PlannedSuffixDrafter
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.pairs import parse_drafter
+    from specdec.prompt_sets import select_prompts
     from specdec.prompting import encode_prompt
 
     lm = LlamaCppLM(resolve(args.model), n_ctx=4096, n_threads=args.threads)

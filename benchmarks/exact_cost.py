@@ -47,7 +47,7 @@ SETTINGS = {"default": {}, "exact": {"GGML_CPU_TILED_MM": "0"}}
 
 
 def prompts() -> list[str]:
-    from specdec.bench.prompts import load_code_completion, load_spec_bench, sample_per_category
+    from specdec.prompt_sets import load_code_completion, load_spec_bench, sample_per_category
 
     return [p.text for p in sample_per_category(load_spec_bench(), 1, seed=0)] + [
         p.text for p in load_code_completion()[:2]

@@ -41,7 +41,7 @@ LONG = 600  # prompt tokens that make a prompt "long" for the done-when of issue
 
 
 def choose_prompts(target: Any, n_long: int, per_category: int) -> list[tuple[Any, list[int]]]:
-    from specdec.bench.prompts import (
+    from specdec.prompt_sets import (
         load_code_completion,
         load_code_edit,
         load_spec_bench,

@@ -56,7 +56,7 @@ def parse_ints(text: str) -> list[int]:
 
 def context_ids(lm: Any, n: int) -> list[int]:
     """n tokens of real text (the Spec-Bench questions, repeated as needed)."""
-    from specdec.bench.prompts import load_spec_bench
+    from specdec.prompt_sets import load_spec_bench
 
     text = "\n".join(p.text for p in load_spec_bench())
     ids = lm.tokenizer.encode(text, add_special_tokens=False)

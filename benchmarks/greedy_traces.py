@@ -36,10 +36,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
-    from specdec.bench.prompts import select_prompts
     from specdec.decoding import generate
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM
+    from specdec.prompt_sets import select_prompts
     from specdec.prompting import encode_prompt
 
     lm = LlamaCppLM(resolve(args.model), n_ctx=4096, n_threads=args.threads)

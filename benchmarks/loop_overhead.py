@@ -34,10 +34,10 @@ def main() -> int:
     import llama_cpp
     import llama_cpp.llama_cpp as low
 
-    from specdec.bench.prompts import select_prompts
     from specdec.decoding import generate
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM
+    from specdec.prompt_sets import select_prompts
     from specdec.prompting import encode_prompt
 
     in_decode = {"s": 0.0, "calls": 0}

@@ -306,9 +306,9 @@ def load_saved(path: Path, model: str) -> tuple[Rows, dict[str, str], dict[str, 
     }
     categories, tokens = data.get("categories"), data.get("prompt_tokens")
     if categories is None or tokens is None:
-        from specdec.bench.prompts import select_prompts
         from specdec.hub import resolve
         from specdec.models.llamacpp import LlamaCppLM
+        from specdec.prompt_sets import select_prompts
         from specdec.prompting import encode_prompt
 
         a = data["args"]
@@ -454,10 +454,10 @@ def main() -> int:
 
     import llama_cpp
 
-    from specdec.bench.prompts import select_prompts
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.pairs import parse_drafter
+    from specdec.prompt_sets import select_prompts
     from specdec.prompting import encode_prompt
 
     path = resolve(args.model)

@@ -25,8 +25,8 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 
 def step_ms(path: Path, threads: int, repeats: int) -> float:
     """Median ms of one single-token decode step after a 100-token context."""
-    from specdec.bench.profile import profile_context
     from specdec.models.llamacpp import LlamaCppLM
+    from specdec.profiler.passes import profile_context
 
     lm = LlamaCppLM(path, n_ctx=256, n_threads=threads)
     ctx = profile_context(lm, 100)

@@ -35,11 +35,11 @@ def encode(lm: Any, text: str, category: str, chat: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specdec.bench.prompts import select_prompts
     from specdec.decoding import generate
     from specdec.drafters.suffix import SuffixDrafter, SuffixOptions
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM
+    from specdec.prompt_sets import select_prompts
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", help="target GGUF path or store name")

@@ -73,9 +73,9 @@ def time_passes(lm: Any, context: list[int], ns: list[int], repeats: int) -> dic
 
 def worker(args: argparse.Namespace) -> None:
     """Runs in the subprocess: load, time, print one JSON line on stdout."""
-    from specdec.bench.profile import profile_context
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM
+    from specdec.profiler.passes import profile_context
 
     _, options = SETTINGS[args.worker]
     if "pad_to" in options:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench.prompts import (
+from specdec.errors import ConfigError
+from specdec.prompt_sets import (
     CODE_COMPLETION,
     CODE_EDIT,
     NAMED_SETS,
@@ -21,7 +22,6 @@ from specdec.bench.prompts import (
     load_prompts,
     select_prompts,
 )
-from specdec.errors import ConfigError
 
 
 def test_humaneval_prompts_are_signatures_with_docstrings() -> None:

@@ -13,11 +13,11 @@ import pytest
 from specdec.bench.analysis import against_baseline, baseline_configs
 from specdec.bench.configs import MATRICES, BenchConfig, llamacpp_matrix, parse_config
 from specdec.bench.plan import BenchPlan, config_ks, measurements
-from specdec.bench.prompts import load_prompt_file
 from specdec.bench.results import read_results
 from specdec.bench.runner import planner_costs, run_bench
 from specdec.errors import ConfigError
 from specdec.models.loader import ModelConfig
+from specdec.prompt_sets import load_prompt_file
 
 
 def test_parse_the_new_drafters() -> None:

@@ -9,21 +9,21 @@ from typing import Any
 import pytest
 import torch
 
-from specdec.bench.profile import (
-    drafter_latency,
-    flops_cost_ratio,
-    param_count,
-    profile_config,
-    profile_context,
-    step_latency,
-    verify_scaling,
-    verify_times,
-)
+from specdec.bench.profile import profile_config
 from specdec.drafters import NgramDrafter
 from specdec.errors import ConfigError
 from specdec.models.base import extend_last
 from specdec.models.mock import MockLM, MockSpec, mock_pair
 from specdec.profiler.measure import curve_from_ratios, curve_ratios
+from specdec.profiler.passes import (
+    drafter_latency,
+    flops_cost_ratio,
+    param_count,
+    profile_context,
+    step_latency,
+    verify_scaling,
+    verify_times,
+)
 
 
 class FakeClock:

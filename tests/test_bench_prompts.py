@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench.prompts import (
+from specdec.errors import ConfigError
+from specdec.prompt_sets import (
     MT_BENCH_SUBCATEGORIES,
     SPEC_BENCH_CATEGORIES,
     filter_categories,
@@ -18,7 +19,6 @@ from specdec.bench.prompts import (
     sample_per_category,
     select_prompts,
 )
-from specdec.errors import ConfigError
 
 
 def test_spec_bench_has_480_first_turn_prompts_in_six_coarse_categories() -> None:

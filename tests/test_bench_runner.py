@@ -13,13 +13,13 @@ import pytest
 
 from specdec.bench.configs import default_matrix, parse_config
 from specdec.bench.plan import BenchPlan, full_plan, k_order, measurements, quick_plan
-from specdec.bench.prompts import load_prompt_file
 from specdec.bench.results import measurement_key, read_results
 from specdec.bench.runner import run_bench
 from specdec.cli import main
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
+from specdec.prompt_sets import load_prompt_file
 
 PROMPTS = ["the cat sat on the mat", "the cat sat on the hat", "abc abc abc abc", "hello world"]
 

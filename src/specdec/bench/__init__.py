@@ -1,17 +1,14 @@
-"""Measurement tools: prompt sets, micro-profiles, the bench runner, results and reports.
+"""``specdec bench``: the bench runner, results and reports.
 
 Layout (one job per module):
-  prompts   Spec-Bench and user prompt files, category filters, seeded sampling
   configs   draft -> target configurations and their ``key=value`` command-line form
   plan      what a run measures and in which (interleaved, seeded) order
-  profile   verify-batch scaling and step latencies of any CausalLM (reusable)
+  profile   one configuration's micro-profile (verify curve, step latencies, c), from the
+            timed passes of ``profiler.passes``
   runner    runs a plan, appending one fsynced JSON line per measurement; resume
   results   the JSONL file: writer, tolerant reader
-  machine   machine / versions / git metadata for the header record
   analysis  speedups with bootstrap CIs, pooled acceptance, verdicts
   plots     PNG figures;  report  the markdown report
+The prompt sets (``specdec.prompt_sets``) and machine facts (``specdec.machine``) sit below
+the public API, so that loading a pair never imports a measurement tool.
 """
-
-from specdec.bench.profile import step_latency, verify_scaling, verify_times
-
-__all__ = ["step_latency", "verify_scaling", "verify_times"]

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec.bench.configs import BenchConfig, default_matrix, quick_matrix
-from specdec.bench.prompts import SPEC_BENCH_CATEGORIES, Prompt
 from specdec.errors import ConfigError
+from specdec.prompt_sets import SPEC_BENCH_CATEGORIES, Prompt
 from specdec.sampling import SamplingConfig
 
 MODES: dict[str, SamplingConfig] = {

@@ -28,10 +28,8 @@ from tqdm import tqdm
 
 from specdec.bench.analysis import predicted_from_counts, predicted_from_rounds
 from specdec.bench.configs import BenchConfig
-from specdec.bench.machine import git_commit, machine_info, package_versions
 from specdec.bench.plan import MODES, BenchPlan, Measurement, config_ks, measurements
 from specdec.bench.profile import profile_config
-from specdec.bench.prompts import Prompt, select_prompts
 from specdec.bench.results import SCHEMA_VERSION, Results, ResultsWriter, open_for_append
 from specdec.decoding import GenerationResult, as_drafter, generate
 from specdec.drafters import NgramDrafter
@@ -41,6 +39,7 @@ from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError, SpecdecError
+from specdec.machine import git_commit, machine_info, package_versions
 from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
 from specdec.pairs import (
@@ -53,6 +52,7 @@ from specdec.pairs import (
     parse_drafter,
     release,
 )
+from specdec.prompt_sets import Prompt, select_prompts
 from specdec.prompting import encode_prompt
 from specdec.theory import Costs
 

@@ -70,13 +70,13 @@ def load_prompt_texts(source: str | None, n: int) -> tuple[list[str], str]:
         return texts[:n] if n > 0 else texts, "built-in prompts"
     if source == SPEC_BENCH:
         try:
-            from specdec.bench.prompts import load_spec_bench
+            from specdec.prompt_sets import load_spec_bench
         except ImportError as e:  # pragma: no cover - depends on the installed tree
             raise ConfigError("the packaged Spec-Bench prompts are not available") from e
         return _spread([p.text for p in load_spec_bench()], n), "Spec-Bench (packaged)"
     path = Path(source)
     try:
-        from specdec.bench.prompts import load_prompt_file
+        from specdec.prompt_sets import load_prompt_file
 
         texts = [p.text for p in load_prompt_file(path)]
     except ImportError:  # pragma: no cover - depends on the installed tree

@@ -10,11 +10,12 @@ from typing import Any
 
 from specdec.bench.configs import MATRICES, check_unique_labels, parse_config
 from specdec.bench.plan import CHAT_CHOICES, MODES, BenchPlan, full_plan, measurements, quick_plan
-from specdec.bench.prompts import select_prompts
 from specdec.cli import command_help
+from specdec.cli.common import parse_int_list
 from specdec.cli.endpoint import add_bench_args as add_endpoint_args
 from specdec.cli.endpoint import run_bench as run_endpoint_bench
 from specdec.errors import ConfigError
+from specdec.prompt_sets import select_prompts
 
 DEFAULT_OUT = "runs/bench.jsonl"
 QUICK_OUT = "runs/bench-quick.jsonl"
@@ -123,29 +124,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_endpoint_args(p)
     p.set_defaults(func=run)
-
-
-def parse_int_list(text: str, what: str) -> tuple[int, ...]:
-    """'1,2,4' or '1-8' or '1-4,6,8' -> ints, in the given order."""
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, dash, hi = part.partition("-")
-        try:
-            if dash:
-                a, b = int(lo), int(hi)
-                if a > b:
-                    raise ConfigError(f"bad {what} range {part!r}")
-                out.extend(range(a, b + 1))
-            else:
-                out.append(int(part))
-        except ValueError as e:
-            raise ConfigError(f"bad {what} list {text!r}: use e.g. 1,2,4 or 1-8") from e
-    if not out:
-        raise ConfigError(f"empty {what} list")
-    return tuple(out)
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -107,6 +107,29 @@ def resolve_speculation(args: argparse.Namespace) -> bool:
     return nothing
 
 
+def parse_int_list(text: str, what: str) -> tuple[int, ...]:
+    """'1,2,4' or '1-8' or '1-4,6,8' -> ints, in the given order."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        try:
+            if dash:
+                a, b = int(lo), int(hi)
+                if a > b:
+                    raise ConfigError(f"bad {what} range {part!r}")
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(part))
+        except ValueError as e:
+            raise ConfigError(f"bad {what} list {text!r}: use e.g. 1,2,4 or 1-8") from e
+    if not out:
+        raise ConfigError(f"empty {what} list")
+    return tuple(out)
+
+
 SEED_LIMIT = 2**63  # torch generators take seeds below 2^64; JSON and numpy need < 2^63
 
 

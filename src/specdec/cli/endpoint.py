@@ -163,11 +163,11 @@ def run_bench(args: argparse.Namespace) -> int:
     import asyncio
     import random
 
-    from specdec.bench.prompts import select_prompts
-    from specdec.cli.bench import parse_int_list
+    from specdec.cli.common import parse_int_list
     from specdec.endpoint.bench import EndpointBenchPlan, run_endpoint_bench
     from specdec.endpoint.pairing import make_sides
     from specdec.endpoint.report import write_report
+    from specdec.prompt_sets import select_prompts
 
     _refuse(
         args,

@@ -59,8 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def probe_prompts(args: argparse.Namespace) -> list[str]:
-    from specdec.bench.prompts import select_prompts
     from specdec.errors import ConfigError
+    from specdec.prompt_sets import select_prompts
 
     if args.n_prompts < 1:
         raise ConfigError(f"--n-prompts must be >= 1, got {args.n_prompts}")

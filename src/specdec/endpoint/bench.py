@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.prompts import Prompt
 from specdec.bench.results import ResultsWriter, open_for_append
 from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.counters import has_known_series, metrics_counters
@@ -39,6 +38,7 @@ from specdec.endpoint.pairing import (
 )
 from specdec.endpoint.records import GroupKey, finished_groups, read_records
 from specdec.errors import ConfigError
+from specdec.prompt_sets import Prompt
 
 SCHEMA = "specdec-endpoint-bench/1"
 MODES = ("greedy", "sampled")

@@ -119,8 +119,8 @@ def auto_profile(
     """The (cached) profile ``--auto`` decides from, on the packaged probe prompts. Left at
     their defaults, ``draft`` and ``target_backend`` let the profile choose; other values
     narrow what it considers. ``cached_only``: None instead of profiling."""
-    from specdec.bench.prompts import select_prompts
     from specdec.pairs import DEFAULT_DRAFT, DEFAULT_TARGET_BACKEND
+    from specdec.prompt_sets import select_prompts
 
     # "auto" (a store GGUF draft on llama.cpp) is the profile's own default, so that the
     # profile `specdec profile` caches is the one `generate` finds

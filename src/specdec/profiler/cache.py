@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec.bench.machine import cpu_model, package_versions
 from specdec.hub.paths import default_cache_dir
+from specdec.machine import cpu_model, package_versions
 from specdec.theory import Costs
 
 SCHEMA = 1

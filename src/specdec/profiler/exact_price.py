@@ -102,8 +102,8 @@ def price_of(samples: dict[str, list[dict[str, float]]]) -> ExactPrice:
 
 def worker(path: str, numerics: str, n_threads: int | None) -> dict[str, float]:
     """In a worker process: one numerics' step and prefill figures."""
-    from specdec.bench.profile import profile_context
     from specdec.models.llamacpp import LlamaCppLM
+    from specdec.profiler.passes import profile_context
 
     lm = LlamaCppLM(
         path, n_ctx=CONTEXT + PREFILL + 8, n_threads=n_threads, exact=numerics == "exact"

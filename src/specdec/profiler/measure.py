@@ -11,18 +11,18 @@ from dataclasses import replace
 
 import torch
 
-from specdec.bench.profile import (
+from specdec.decoding import generate
+from specdec.drafters.base import Drafter
+from specdec.errors import ConfigError
+from specdec.models.base import CausalLM, cached_prefix_len, extend_last
+from specdec.models.vocab import fit_logits
+from specdec.profiler.passes import (
     drafter_latency,
     interpolated,
     profile_context,
     step_latency,
     verify_times,
 )
-from specdec.decoding import generate
-from specdec.drafters.base import Drafter
-from specdec.errors import ConfigError
-from specdec.models.base import CausalLM, cached_prefix_len, extend_last
-from specdec.models.vocab import fit_logits
 from specdec.profiler.predict import Costs, ProbeSequence, runs_from_matches
 from specdec.rejection import accept_reject
 from specdec.sampling import GREEDY, logits_to_probs, make_generator
