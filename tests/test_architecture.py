@@ -101,6 +101,78 @@ def test_models_do_not_import_drafters_and_the_core_not_the_tools() -> None:
     assert "serve" not in graph["api"] and "cli" not in graph["serve"]  # the server sits on top
 
 
+# -- file-level rules ---------------------------------------------------------------------------
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    return ".".join(rel.parts).removesuffix(".__init__")
+
+
+def _file_graph() -> dict[str, set[str]]:
+    """module -> the specdec modules it imports (at any depth in the file: lazy imports count),
+    ``from pkg import name`` resolved to the submodule ``pkg.name`` when there is one."""
+    modules = {_module_of(p) for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        module = _module_of(path)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    target = f"{base}.{node.module}" if node.module else base
+                else:
+                    target = node.module or ""
+                subs = {f"{target}.{a.name}" for a in node.names} & modules
+                found.update(subs or {target})
+        graph[module] = {m for m in found if m in modules and m != module}
+    return graph
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for m in graph.get(todo.pop(), ()):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def test_no_file_imports_itself_around_a_circle_even_inside_a_package() -> None:
+    cycle = _find_cycle(_file_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_command_line_goes_through_the_public_api() -> None:
+    """cli/ imports neither the loop nor the K policies: it loads and generates through
+    ``specdec.api`` (the configuration resolved in ``specdec.configuration``)."""
+    graph = _file_graph()
+    for module, targets in graph.items():
+        if module.startswith("specdec.cli"):
+            assert not targets & {"specdec.decoding", "specdec.policy"}, module
+
+
+def test_loading_a_pair_imports_no_measurement_tool() -> None:
+    reached = _reaches(_file_graph(), "specdec.api")
+    tools = sorted(m for m in reached if m.split(".")[1] in ("bench", "certify", "endpoint", "cli"))
+    assert tools == []
+
+
+def test_the_file_rules_catch_what_they_forbid() -> None:
+    """The fixtures each rule must fail on: a planted cycle, a planted import."""
+    graph = _file_graph()
+    graph["specdec.models.base"] = {*graph["specdec.models.base"], "specdec.models.mock"}
+    graph["specdec.models.mock"] = {*graph["specdec.models.mock"], "specdec.models.base"}
+    assert _find_cycle(graph) is not None
+    graph["specdec.profiler.auto"] = {*graph["specdec.profiler.auto"], "specdec.bench.runner"}
+    assert "specdec.bench.runner" in _reaches(graph, "specdec.api")
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["models", "list"], ["models", "--help"]])
 def test_light_commands_do_not_import_torch(argv: list[str], tmp_path: Path) -> None:
     code = (

@@ -91,11 +91,11 @@ def test_k_zero_is_plain_decoding(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     "extra,needle",
     [
-        (["-k", "-1"], "-k must be >= 0"),
+        (["-k", "-1"], "k must be >= 0"),
         (["--temperature", "-1"], "temperature must be >= 0"),
         (["--top-p", "0"], "top_p must be in (0, 1]"),
         (["--top-p", "1.5"], "top_p must be in (0, 1]"),
-        (["--max-new-tokens", "0"], "max-new-tokens"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
         (["--n-ctx", "8"], "context window"),
         (["--draft", "mock:close:200"], "vocabulary"),
         (["--draft", "mock:close:32"], "tokenizers differ"),

@@ -369,16 +369,16 @@ def test_certify_runs_the_windowed_pair_and_names_the_window(
     assert doc["draft_runtime"]["class"] == "ModelDrafter"
 
 
-def test_serve_loads_the_windowed_pair() -> None:
+def test_serve_loads_the_windowed_pair(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
     from specdec.cli import build_parser
-    from specdec.cli.common import resolve_speculation
-    from specdec.cli.serve import _load
+    from specdec.cli.common import draft_reference
 
     alone = ["serve", "--draft-window", "6"]
-    args = build_parser(alone).parse_args(alone)
-    assert not resolve_speculation(args) and args.draft == DEFAULT_DRAFT  # it names a model
-    argv = ["serve", "--draft-window", "6", "--n-ctx", "64", *MOCK]
-    args = build_parser(argv).parse_args(argv)
-    args.machine_default = resolve_speculation(args)
-    pair = _load(args)
+    assert draft_reference(build_parser(alone).parse_args(alone)) == DEFAULT_DRAFT  # a model
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app))
+    assert main(["serve", "--draft-window", "6", "--n-ctx", "64", "--port", "0", *MOCK]) == 0
+    pair = seen["app"].state.specdec.pair  # type: ignore[attr-defined]
     assert isinstance(pair.draft, ModelDrafter) and pair.draft.window == 6

@@ -38,13 +38,18 @@ MOCK = ["--target", "mock:target", "--target-backend", "mock", "--draft-backend"
 GEN = ["generate", *MOCK, "--draft", "mock:close", "--max-new-tokens", "4"]
 
 CASES: list[tuple[str, list[str], int, str]] = [
-    ("negative K", [*GEN, "-k", "-1", "hi"], 2, "specdec: error: -k must be >= 0"),
+    ("negative K", [*GEN, "-k", "-1", "hi"], 2, "specdec: error: k must be >= 0"),
     ("negative temperature", [*GEN, "--temperature", "-1", "hi"], 2, "specdec: error: temperature"),
     ("top-p zero", [*GEN, "--top-p", "0", "hi"], 2, "specdec: error: top_p must be in (0, 1]"),
     ("top-p above one", [*GEN, "--top-p", "1.5", "hi"], 2, "specdec: error: top_p must be"),
     ("negative top-k", [*GEN, "--top-k", "-2", "hi"], 2, "specdec: error: top_k must be"),
     ("empty prompt", [*GEN, "   "], 2, "specdec: error: the prompt is empty"),
-    ("zero new tokens", [*GEN[:-2], "--max-new-tokens", "0", "hi"], 2, "specdec: error: --max"),
+    (
+        "zero new tokens",
+        [*GEN[:-2], "--max-new-tokens", "0", "hi"],
+        2,
+        "specdec: error: max_new_tokens must be >= 1",
+    ),
     ("seed too large", [*GEN, "--seed", str(2**63), "hi"], 2, "specdec: error: --seed must"),
     ("negative seed", [*GEN, "--seed", "-1", "hi"], 2, "specdec: error: --seed must"),
     ("negative threads", [*GEN, "--threads", "-1", "hi"], 2, "specdec: error: --threads must"),
@@ -364,7 +369,7 @@ def test_closed_stdin_with_dash_is_one_line(
     [
         (["--n-ctx", "1000000000", "hi"], "specdec: error: --n-ctx 1000000000 is more than"),
         (["ab\udcffcd"], "specdec: error: the prompt is not valid"),
-        (["-k", "-3", "hi"], "specdec: error: -k must be >= 0"),
+        (["-k", "-3", "hi"], "specdec: error: k must be >= 0"),
         (["--top-p", "0", "hi"], "specdec: error: top_p must be in (0, 1]"),
     ],
 )

@@ -558,8 +558,12 @@ def test_serve_auto_loads_the_profile_choice_and_leaves_k_to_it(
     seen: dict[str, Any] = {}
 
     def fake_load(*args: Any, **kw: Any) -> Pair:
+        from specdec.configuration import Configuration
+        from specdec.models.loader import ModelConfig
+
         seen["load"] = kw
-        return Pair(mock_serve_pair(draft="none").target, None, Choice())  # type: ignore[arg-type]
+        config = Configuration(ModelConfig("mock:target"), "none", choice=Choice(), how="auto")  # type: ignore[arg-type]
+        return Pair(mock_serve_pair(draft="none").target, None, Choice(), config=config)  # type: ignore[arg-type]
 
     monkeypatch.setattr(specdec.api, "load", fake_load)
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, run=kw))

@@ -17,6 +17,7 @@ import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
+from specdec.configuration import MACHINE_DEFAULT, Configuration, measured_costs, resolve
 from specdec.decoding import (
     Generation,
     GenerationResult,
@@ -30,15 +31,12 @@ from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
-from specdec.models.loader import ModelConfig
 from specdec.pairs import (
-    DEFAULT_DRAFT,
     DEFAULT_DRAFT_BACKEND,
+    DEFAULT_K,
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
     PLANNED_K,
-    is_model_free,
-    is_planned,
     load_pair,
 )
 from specdec.policy import FixedK, KPolicy, capped_adaptive_k
@@ -147,12 +145,32 @@ class TextStream:
         return self.completion
 
 
+def check_request(
+    *,
+    k: int | None,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    stop: str | Sequence[str] | None,
+) -> tuple[SamplingConfig, tuple[str, ...]]:
+    """The checks of a generation request's arguments (``Pair.stream``; the command line calls
+    it before loading anything): the sampling settings and the stop strings, or a
+    ``ConfigError`` naming the bad one."""
+    if k is not None and k < 0:
+        raise ConfigError(f"k must be >= 0, got {k}")
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    return SamplingConfig(temperature, top_k, top_p), tuple(check_stops(stop))
+
+
 _P = ParamSpec("_P")
 
 
 class Pair:
     """A loaded target and its drafter (or none), ready to generate. ``auto`` is the
-    profile's choice when the pair was loaded with ``load(auto=True)``; ``costs`` gives the
+    profile's choice when the profile or the machine default chose (``load``); ``config`` the
+    resolved configuration it was loaded from (when it came from ``load``); ``costs`` gives the
     target's measured costs, which size the drafts of a prediction (``stream(prediction=)``;
     without it a prediction drafts as far as K allows)."""
 
@@ -162,11 +180,13 @@ class Pair:
         draft: CausalLM | Drafter | None,
         auto: AutoChoice | None = None,
         costs: Callable[[], Costs] | None = None,
+        config: Configuration | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
         self.auto = auto
         self._costs = costs
+        self.config = config
 
     def target_costs(self) -> Costs | None:
         """The target's costs: a planned drafter's own, else the pair's provider (measured
@@ -255,10 +275,14 @@ class Pair:
                         (and ``stats``) count accepted / rejected prediction tokens. K caps
                         each draft (default 16); k=0 ignores the prediction.
         """
-        sampling = SamplingConfig(temperature, top_k, top_p)
-        stops = check_stops(stop)
-        if k is not None and k < 0:
-            raise ConfigError(f"k must be >= 0, got {k}")
+        sampling, stops = check_request(
+            k=k,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop=stop,
+        )
         if prompt is None or isinstance(prompt, str):
             ids = self.encode(prompt, messages=messages, system=system, raw=raw, chat=chat)
         elif messages is not None or system is not None:
@@ -274,7 +298,7 @@ class Pair:
         else:
             if k is None:  # planned drafts (and predictions) size themselves: K only caps them
                 planned = isinstance(self.draft, PlannedSuffixDrafter) or prediction is not None
-                k = PLANNED_K if planned else 6
+                k = PLANNED_K if planned else DEFAULT_K
             policy = (
                 capped_adaptive_k(k, max_new_tokens, self.target.n_ctx)
                 if adaptive and k > 0
@@ -313,9 +337,6 @@ class Pair:
     del _drained
 
 
-MACHINE_DEFAULT = "default"
-
-
 def load(
     target: str = DEFAULT_TARGET,
     draft: str | None = MACHINE_DEFAULT,
@@ -324,11 +345,16 @@ def load(
     draft_backend: str = DEFAULT_DRAFT_BACKEND,
     device: str = "auto",
     dtype: str = "auto",
+    draft_device: str | None = None,
+    draft_dtype: str | None = None,
     n_ctx: int = 4096,
     n_threads: int | None = None,
     auto: bool = False,
     draft_window: int | None = None,
     exact: bool | None = None,
+    prompt_tokens: int | None = None,
+    new_tokens: int = 128,
+    log: Callable[[str], None] = lambda _: None,
 ) -> Pair:
     """Load a target and a draft (models come from the verified store, a local GGUF file or a
     transformers directory) and check that they share one tokenizer.
@@ -336,11 +362,14 @@ def load(
     target:          store name (``specdec models list``), GGUF file or model directory.
     draft:           "default" (the default): what this machine's cached profile recommends,
                      else the cost-aware suffix drafter ("planned") on the target's own
-                     backend; or a draft model (store name, GGUF file, model directory), or
+                     backend; or a draft model (store name, GGUF file, model directory),
+                     "hybrid:MODEL" (suffix drafts where they match, the model elsewhere),
                      "ngram[:MAX_N]", "suffix[:OPTS]", "planned[:OPTS]", or None / "none".
     target_backend, draft_backend: "llamacpp", "hf" (transformers), "mock" or "auto".
-    device:          "auto" (cuda > mps > cpu), "cpu", "cuda" or "mps".
-    dtype:           transformers dtype: "auto", "float32", "bfloat16" or "float16".
+    device:          "auto" (cuda > mps > cpu), "cpu", "cuda" or "mps" (``draft_device``:
+                     the draft's, when it differs).
+    dtype:           transformers dtype: "auto", "float32", "bfloat16" or "float16"
+                     (``draft_dtype``: the draft's, when it differs).
     n_ctx:           context window to allocate (prompt + output must fit).
     n_threads:       CPU threads (None: all cores).
     auto:            run what ``specdec profile`` recommends on this machine (profiled once,
@@ -358,77 +387,41 @@ def load(
                      prefill on CPUs where llama.cpp's batched kernels are faster. None: what
                      ``specdec profile`` decided for this machine (exact where it costs at
                      most 3 %), else off.
+    prompt_tokens, new_tokens: the size of the requests to come, when the profile chooses
+                     (a prompt much longer than the probe's re-ranks its choices).
+    log:             hears about a profile that ``auto`` runs first.
     """
-    if draft_window is not None and (auto or draft == MACHINE_DEFAULT):
-        raise ConfigError(
-            "draft_window needs a named draft model (draft=MODEL); the machine default and "
-            "auto choose the drafter themselves"
-        )
-    choice: AutoChoice | None = None
-    if auto:
-        choice = _auto_choice(
-            target,
-            DEFAULT_DRAFT if draft == MACHINE_DEFAULT else draft,
-            target_backend,
-            draft_backend,
-            n_ctx,
-            n_threads,
-        )
-    elif draft == MACHINE_DEFAULT:
-        from specdec.profiler.auto import machine_default
-
-        choice = machine_default(
-            target,
-            target_backend=target_backend,
-            draft_backend=draft_backend,
-            n_ctx=n_ctx,
-            n_threads=n_threads,
-        )
-    if choice is not None:
-        target_backend = choice.target_backend
-        draft = choice.draft_ref if choice.speculative else "none"
-    if exact is None:
-        exact = choice.exact if choice is not None else False
-
-    def config(model: str, backend: str, exact: bool = False) -> ModelConfig:
-        return ModelConfig(model, backend, device, dtype, n_ctx, n_threads, exact)
-
-    model_free = draft is None or is_model_free(draft)
-    draft_ref = draft if model_free else config(str(draft), draft_backend)
-    costs = None
-    if is_planned(draft):  # the choice's costs when a profile measured them, else measured
-        # (a profile times llama.cpp's default kernels, not those of exact numerics)
-        costs = measured_costs if choice is None or exact else choice.costs_or(measured_costs)
-    target_cfg = config(target, target_backend, exact)
-    draft_obj, target_lm = load_pair(draft_ref, target_cfg, costs=costs, draft_window=draft_window)
-    return Pair(target_lm, draft_obj, choice, lambda: measured_costs(target_cfg, target_lm))
-
-
-def measured_costs(cfg: ModelConfig, target: CausalLM) -> Costs:
-    """The target's costs for a planned drafter: measured once per machine and cached."""
-    from specdec.profiler.target_costs import cached_target_costs
-
-    return cached_target_costs(cfg, target)
-
-
-def _auto_choice(
-    target: str,
-    draft: str | None,
-    target_backend: str,
-    draft_backend: str,
-    n_ctx: int,
-    n_threads: int | None,
-) -> AutoChoice:
-    """The profile's choice (profiling first when nothing is cached)."""
-    from specdec.profiler.auto import auto_profile, choose
-
-    result = auto_profile(
+    config = resolve(
         target,
-        draft=draft,
+        draft,
         target_backend=target_backend,
         draft_backend=draft_backend,
+        device=device,
+        dtype=dtype,
+        draft_device=draft_device,
+        draft_dtype=draft_dtype,
         n_ctx=n_ctx,
         n_threads=n_threads,
+        auto=auto,
+        draft_window=draft_window,
+        exact=exact,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        log=log,
     )
-    assert result is not None  # only cached_only gives None
-    return choose(result, None, int(result.spec["n_new"]))
+    return load_configuration(config, log)
+
+
+def load_configuration(config: Configuration, log: Callable[[str], None] = lambda _: None) -> Pair:
+    """Load a resolved ``Configuration`` (``configuration.resolve``); ``log`` hears when the
+    target's costs are measured for a planned drafter."""
+    draft, target = load_pair(
+        config.draft, config.target, costs=config.costs(log), draft_window=config.draft_window
+    )
+    return Pair(
+        target,
+        draft,
+        config.choice,
+        costs=lambda: measured_costs(config.target, target),
+        config=config,
+    )

@@ -51,6 +51,7 @@ CostProvider = Callable[[ModelConfig, CausalLM], Costs]
 HYBRID_PREFIX = "hybrid:"
 PLANNED = "planned"
 PLANNED_K = 16  # the default cap on a planned draft (the planner picks the length below it)
+DEFAULT_K = 6  # drafts per round when a drafter is named but no K
 
 
 @dataclass(frozen=True)

@@ -6,20 +6,15 @@ import argparse
 import os
 import sys
 
+from specdec.configuration import MACHINE_DEFAULT, model_refs
 from specdec.errors import ConfigError
-from specdec.jsonable import json_ready as json_ready  # re-exported for the subcommands
 from specdec.models.loader import BACKENDS, DEVICES, DTYPES, ModelConfig
 from specdec.pairs import (
     DEFAULT_DRAFT,
     DEFAULT_DRAFT_BACKEND,
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
-    HYBRID_PREFIX,
-    PLANNED_K,
     DraftRef,
-    HybridRef,
-    is_model_free,
-    is_planned,
 )
 from specdec.sampling import SamplingConfig
 
@@ -86,13 +81,11 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
     )
 
 
-DEFAULT_K = 6  # drafts per round when the user names a drafter but no K
-
-
-def resolve_speculation(args: argparse.Namespace) -> bool:
-    """Fill ``draft`` and ``k`` left unset (None) on the command line; True when nothing about
-    speculation was chosen (no --draft, -k, --adaptive, --auto or --draft-window), so that the
-    machine's default decides. A planned drafter sizes its own drafts: its K only caps them."""
+def draft_reference(args: argparse.Namespace) -> str:
+    """The draft reference for ``specdec.load``: the machine's default ("default") when
+    nothing about speculation was chosen (no --draft, -k, --adaptive, --auto or
+    --draft-window), "none" for -k 0, else the named draft (the default draft model when
+    only K was given)."""
     nothing = (
         not args.auto
         and args.draft is None
@@ -100,11 +93,35 @@ def resolve_speculation(args: argparse.Namespace) -> bool:
         and not args.adaptive
         and getattr(args, "draft_window", None) is None
     )
-    if args.draft is None:
-        args.draft = DEFAULT_DRAFT
-    if args.k is None:
-        args.k = PLANNED_K if is_planned(args.draft) else DEFAULT_K
-    return nothing
+    if nothing or (args.auto and args.draft is None):
+        return MACHINE_DEFAULT
+    if args.k == 0 and not args.auto:  # plain decoding: no drafter to load
+        return "none"
+    return str(args.draft or DEFAULT_DRAFT)
+
+
+MAX_TEXT_FILE = 16 * 2**20  # bytes read from a --prediction / prompt file at most
+
+
+def read_text_file(path: str, flag: str) -> str:
+    """A UTF-8 text file ('-': standard input) given with ``flag``, bounded in size; a
+    missing, unreadable, oversized or non-UTF-8 file is one ConfigError."""
+    try:
+        if path == "-":
+            if sys.stdin is None or sys.stdin.closed:
+                raise ConfigError(f"{flag} is '-' but standard input is closed")
+            raw = sys.stdin.buffer.read(MAX_TEXT_FILE + 1)
+        else:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_TEXT_FILE + 1)
+    except OSError as e:
+        raise ConfigError(f"{flag} {path}: {e.strerror or e}") from e
+    if len(raw) > MAX_TEXT_FILE:
+        raise ConfigError(f"{flag} {path} is over {MAX_TEXT_FILE // 2**20} MiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{flag} {path} is not valid UTF-8 at byte {e.start}") from e
 
 
 def parse_int_list(text: str, what: str) -> tuple[int, ...]:
@@ -184,30 +201,21 @@ def read_prompt(value: str) -> str:
 
 
 def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
-    target = ModelConfig(
-        model=args.target,
-        backend=args.target_backend,
+    """The named draft and target of the command line (``configuration.model_refs``), for
+    the commands that load exactly what they are told (certify)."""
+    return model_refs(
+        args.target,
+        args.draft,
+        target_backend=args.target_backend,
+        draft_backend=args.draft_backend,
         device=args.target_device or args.device,
         dtype=args.target_dtype or args.dtype,
+        draft_device=args.draft_device,
+        draft_dtype=args.draft_dtype,
         n_ctx=args.n_ctx,
         n_threads=args.threads,
         exact=bool(getattr(args, "exact", False)),
     )
-    draft: DraftRef
-    if is_model_free(args.draft):
-        return args.draft or "none", target
-    model = args.draft.removeprefix(HYBRID_PREFIX)
-    draft = ModelConfig(
-        model=model,
-        backend=args.draft_backend,
-        device=args.draft_device or args.device,
-        dtype=args.draft_dtype or args.dtype,
-        n_ctx=args.n_ctx,
-        n_threads=args.threads,
-    )
-    if args.draft.startswith(HYBRID_PREFIX):
-        draft = HybridRef(draft)
-    return draft, target
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

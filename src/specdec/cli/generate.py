@@ -1,35 +1,32 @@
-"""`specdec generate`: text from the target model, faster, with the target's distribution."""
+"""`specdec generate`: text from the target model, faster, with the target's distribution.
+
+The command is ``specdec.load`` (the configuration resolved in ``specdec.configuration``) and
+``Pair.stream`` / ``Pair.generate``; ``--compare`` is two runs of the same pair."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from specdec.cli import command_help
 from specdec.cli.common import (
-    DEFAULT_K,
     add_model_args,
     add_sampling_args,
     check_common,
-    json_ready,
-    model_configs,
+    draft_reference,
     quiet_libraries,
     read_prompt,
-    resolve_speculation,
-    sampling_config,
+    read_text_file,
 )
-from specdec.decoding import GenerationResult, generate_stream
-from specdec.detokenize import IncrementalDecoder
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM
-from specdec.pairs import is_model_free, is_planned, load_pair
-from specdec.policy import FixedK, KPolicy, capped_adaptive_k
-from specdec.prompting import encode_request, read_messages
-from specdec.stops import StopMatcher, check_stops, cut_at_stop
+from specdec.jsonable import json_ready
+from specdec.pairs import DEFAULT_K
+
+if TYPE_CHECKING:
+    from specdec.api import Completion, GenerationResult, Pair
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,6 +74,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="earlier chat turns: a JSON list of {role, content} (system, user, assistant, "
         "tool); the prompt, when given, is appended as the last user turn",
     )
+    p.add_argument(
+        "--prediction",
+        metavar="FILE",
+        help="the output you expect, or most of it (the code being edited; '-' reads standard "
+        "input): drafted from where the output stands in it (OpenAI's Predicted Outputs); the "
+        "output stays what it would be without it, only faster",
+    )
     p.add_argument("--no-stop", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument(
         "--stop",
@@ -95,62 +99,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model_args(p)
     add_sampling_args(p)
-    # None: nothing chosen, so the default for this machine decides (see _default_choice)
+    # None: nothing chosen, so the default for this machine decides (see draft_reference)
     p.set_defaults(func=run, draft=None)
-
-
-def _policy(args: argparse.Namespace, has_drafter: bool) -> KPolicy:
-    if args.k < 0:
-        raise ConfigError(f"-k must be >= 0, got {args.k}")
-    if not has_drafter or args.k == 0:
-        return FixedK(0)
-    if args.adaptive:
-        return capped_adaptive_k(args.k, args.max_new_tokens, args.n_ctx)
-    return FixedK(args.k)
-
-
-def _run_once(
-    target: CausalLM,
-    draft: Any,
-    prompt_ids: list[int],
-    args: argparse.Namespace,
-    k: int | None,
-    stream_to: TextIO | None,
-    auto: Any = None,
-) -> GenerationResult:
-    if k == 0:
-        policy: KPolicy = FixedK(0)
-    elif auto is not None:
-        policy = auto.policy()
-    else:
-        policy = _policy(args, draft is not None)
-    decoder = IncrementalDecoder(target.tokenizer)
-    stops = StopMatcher(args.stop or ())
-    run = generate_stream(
-        target,
-        draft if k != 0 else None,
-        prompt_ids,
-        max_new_tokens=args.max_new_tokens,
-        k=policy,
-        sampling=sampling_config(args),
-        seed=args.seed,
-        stop_on_eos=not args.no_stop,
-    )
-    for ev in run:
-        piece = stops.push(decoder.push(ev.tokens))
-        if stops.stopped:
-            run.stop("stop")
-        if stream_to is not None:
-            stream_to.write(piece)
-            stream_to.flush()
-    tail = stops.push(decoder.flush()) + stops.flush()
-    if stream_to is not None:
-        stream_to.write(tail + "\n")
-        stream_to.flush()
-    assert run.result is not None
-    if stops.stopped and run.result.finish_reason != "stop":  # found in the flushed text
-        return dataclasses.replace(run.result, finish_reason="stop")
-    return run.result
 
 
 def stats_line(res: GenerationResult, label: str = "") -> str:
@@ -165,6 +115,9 @@ def stats_line(res: GenerationResult, label: str = "") -> str:
     ]
     if acc:
         parts.append(f"acceptance by position {acc}")
+    if "prediction_tokens" in res.extra:
+        accepted, rejected = res.prediction_tokens()
+        parts.append(f"prediction {accepted} accepted / {rejected} rejected")
     if res.extra.get("exact"):
         parts.append("exact numerics")
     if "draft_window" in res.extra:  # the draft's prefill (in TTFT) covers only the window
@@ -176,6 +129,8 @@ def stats_line(res: GenerationResult, label: str = "") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specdec.api import check_request, load
+
     quiet_libraries()
     check_common(args)
     if args.prompt is not None and args.prompt_option is not None:
@@ -184,170 +139,151 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give a prompt (argument or -p/--prompt) or --messages FILE")
     given = args.prompt if args.prompt is not None else args.prompt_option
     prompt = read_prompt(given) if given is not None else None
+    if prompt is not None and not prompt.strip():
+        raise ConfigError("the prompt is empty")
+    from specdec.prompting import read_messages
+
     messages = read_messages(args.messages) if args.messages is not None else None
     if args.raw and (args.system is not None or messages is not None):
         raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
-    if args.max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.k is not None and args.k < 0:
-        raise ConfigError(f"-k must be >= 0, got {args.k}")
-    # nothing about speculation chosen: the machine's default (a cached profile's choice, or
-    # the cost-aware suffix drafter on the target's own backend)
-    machine_default = resolve_speculation(args)
-    sampling_config(args)  # validate before loading anything
-    check_stops(args.stop)
-    if prompt is not None and not prompt.strip():
-        raise ConfigError("the prompt is empty")
-    draft_cfg, target_cfg = model_configs(args)
-    auto = None
+    prediction = read_text_file(args.prediction, "--prediction") if args.prediction else None
+    request = {  # checked now, before anything is loaded
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "stop": args.stop,
+    }
+    check_request(k=args.k, **request)
     text = prompt or "".join(m["content"] for m in messages or [])
-    if args.auto or machine_default:
-        auto = _auto_choice(args, text) if args.auto else _default_choice(args, text)
-        print(
-            f"[specdec] {'auto' if args.auto else 'default'}: {auto.label}: {auto.reason}",
-            file=sys.stderr,
-        )
-        exact = auto.exact if args.exact is None else args.exact  # the profile's, unless said
-        target_cfg = dataclasses.replace(target_cfg, backend=auto.target_backend, exact=exact)
-        draft_cfg = (
-            auto.draft_ref
-            if is_model_free(auto.draft_ref)
-            else dataclasses.replace(
-                target_cfg, model=auto.draft_ref, backend=args.draft_backend, exact=False
-            )
-        )
-        if not auto.speculative:
-            draft_cfg = "none"
-        args.k = auto.policy().next_k() if auto.speculative else 0
     t0 = time.perf_counter()
-    draft, target = load_pair(
-        draft_cfg if args.k > 0 or auto else "none",
-        target_cfg,
-        costs=_cost_provider(None if target_cfg.exact else auto) if is_planned(draft_cfg) else None,
+    pair = load(
+        args.target,
+        draft_reference(args),
+        target_backend=args.target_backend,
+        draft_backend=args.draft_backend,
+        device=args.target_device or args.device,
+        dtype=args.target_dtype or args.dtype,
+        draft_device=args.draft_device,
+        draft_dtype=args.draft_dtype,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        auto=args.auto,
         draft_window=args.draft_window,
+        exact=args.exact,
+        prompt_tokens=len(text) // 4,  # about 4 characters per token (spots long prompts)
+        new_tokens=args.max_new_tokens,
+        log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
     )
     t_load = time.perf_counter() - t0
+    config = pair.config
+    assert config is not None
+    if config.how:  # the profile or the machine default chose: say what and why
+        print(f"[specdec] {config.how}: {config.label}: {config.reason}", file=sys.stderr)
     chat = True if args.chat else (False if args.raw else None)  # None: template if any
-    prompt_ids = encode_request(target, prompt, messages=messages, system=args.system, chat=chat)
-    print(f"[specdec] loaded in {t_load:.1f} s; prompt {len(prompt_ids)} tokens", file=sys.stderr)
-
-    if args.compare and draft is None and auto is not None:
-        print(
-            "[specdec] --compare: the configuration chosen here is plain decoding, so there is "
-            "nothing to compare; name a drafter (--draft, -k) to compare it",
-            file=sys.stderr,
-        )
-    elif args.compare:
-        if draft is None:
-            raise ConfigError("--compare needs a drafter (-k > 0 and a --draft)")
-        # warm both paths up so one-time initialisation is not billed to either
-        for k in (0, args.k):
-            _run_once(target, draft, prompt_ids, _short(args), k, None, auto)
-        plain = _run_once(target, draft, prompt_ids, args, 0, None)
-        print(stats_line(plain, "plain"), file=sys.stderr)
-        spec = _run_once(
-            target, draft, prompt_ids, args, None, None if args.json else sys.stdout, auto
-        )
-        label = f"K={args.k}" if auto is None else ("auto" if args.auto else "default")
-        print(stats_line(spec, label), file=sys.stderr)
-        # wall clock including prefill, per generated token (robust to different lengths)
-        speedup = spec.e2e_tokens_per_second / plain.e2e_tokens_per_second
-        same = spec.tokens == plain.tokens
-        if args.stop:  # each run stops at the round that completes the stop: compare the text
-            texts = [
-                cut_at_stop(target.tokenizer.decode(r.tokens), args.stop) for r in (spec, plain)
-            ]
-            same = texts[0] == texts[1]
-        if args.json:
-            print(
-                json.dumps(
-                    json_ready(
-                        {
-                            "plain": plain.to_dict(),
-                            "speculative": spec.to_dict(),
-                            "speedup": speedup,
-                            "identical_output": same,
-                            "text": cut_at_stop(
-                                target.tokenizer.decode(spec.tokens), args.stop or ()
-                            ),
-                        }
-                    ),
-                    allow_nan=False,
-                )
-            )
-        else:
-            print(
-                f"[specdec] speedup {speedup:.2f}x wall clock ({plain.e2e_tokens_per_second:.2f} "
-                f"-> {spec.e2e_tokens_per_second:.2f} tok/s incl. prefill); outputs identical: "
-                f"{'yes' if same else 'no'}"
-                + (
-                    ""
-                    if same or args.temperature > 0
-                    else " (greedy divergence: see `specdec certify` for batch invariance)"
-                ),
-                file=sys.stderr,
-            )
-        return 0
-
-    res = _run_once(target, draft, prompt_ids, args, None, None if args.json else sys.stdout, auto)
+    ids = pair.encode(prompt, messages=messages, system=args.system, chat=chat)
+    print(f"[specdec] loaded in {t_load:.1f} s; prompt {len(ids)} tokens", file=sys.stderr)
+    options: dict[str, Any] = {
+        **request,
+        "adaptive": args.adaptive,
+        "seed": args.seed,
+        "stop_on_eos": not args.no_stop,
+        "prediction": prediction,
+    }
+    if args.compare:
+        return _compare(pair, ids, args, options)
+    out = None if args.json else sys.stdout
+    done = _run(pair, ids, options, args.k, out)
     if args.json:
-        out = res.to_dict()
-        out["text"] = cut_at_stop(target.tokenizer.decode(res.tokens), args.stop or ())
-        out["load_seconds"] = t_load
-        if auto is not None:  # what the default / --auto chose, and why
-            out["configuration"] = {"label": auto.label, "k": args.k, "reason": auto.reason}
-        print(json.dumps(json_ready(out), allow_nan=False))
+        record = _record(done)
+        record["load_seconds"] = t_load
+        if config.how:  # what the default / --auto chose, and why
+            k = config.k if args.k is None else args.k
+            record["configuration"] = {"label": config.label, "k": k, "reason": config.reason}
+        print(json.dumps(json_ready(record), allow_nan=False))
     else:
-        print(stats_line(res), file=sys.stderr)
+        print(stats_line(done.result), file=sys.stderr)
     return 0
 
 
-def _auto_choice(args: argparse.Namespace, prompt: str) -> Any:
-    """The profile's choice for this request (profiling first when nothing is cached)."""
-    from specdec.profiler.auto import auto_profile, choose
+def _run(
+    pair: Pair, ids: list[int], options: dict[str, Any], k: int | None, out: Any
+) -> Completion:
+    """One generation; its text streamed to ``out`` as rounds are accepted (None: not)."""
+    stream = pair.stream(ids, k=k, **options)
+    for piece in stream:
+        if out is not None:
+            out.write(piece)
+            out.flush()
+    if out is not None:
+        out.write("\n")
+        out.flush()
+    assert stream.completion is not None
+    return stream.completion
 
-    result = auto_profile(
-        args.target,
-        draft=args.draft,
-        target_backend=args.target_backend,
-        draft_backend=args.draft_backend,
-        n_ctx=args.n_ctx,
-        n_threads=args.threads,
-        log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
+
+def _record(c: Completion) -> dict[str, Any]:
+    record = c.result.to_dict()
+    record["text"] = c.text
+    return record
+
+
+def _compare(pair: Pair, ids: list[int], args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """Plain decoding and the configured speculation back to back on the same pair."""
+    if options["prediction"] is None and (
+        args.k == 0 or pair.draft is None or (pair.auto is not None and not pair.auto.speculative)
+    ):
+        if pair.auto is None:
+            raise ConfigError("--compare needs a drafter (-k > 0 and a --draft) or --prediction")
+        print(
+            "[specdec] --compare: the configuration chosen here is plain decoding, so there is "
+            "nothing to compare; name a drafter (--draft, -k) or give a --prediction",
+            file=sys.stderr,
+        )
+        done = _run(pair, ids, options, args.k, None if args.json else sys.stdout)
+        print(stats_line(done.result), file=sys.stderr)
+        return 0
+    warm = {**options, "max_new_tokens": min(8, args.max_new_tokens)}
+    for k in (0, args.k):  # warm both paths up so one-time initialisation is billed to neither
+        pair.generate(ids, k=k, **warm)
+    plain = pair.generate(ids, k=0, **options)
+    print(stats_line(plain.result, "plain"), file=sys.stderr)
+    spec = _run(pair, ids, options, args.k, None if args.json else sys.stdout)
+    how = pair.config.how if pair.config is not None else ""
+    label = "prediction" if options["prediction"] is not None else how or f"K={args.k}"
+    print(stats_line(spec.result, label), file=sys.stderr)
+    # wall clock including prefill, per generated token (robust to different lengths)
+    speedup = spec.result.e2e_tokens_per_second / plain.result.e2e_tokens_per_second
+    same = spec.text == plain.text if args.stop else spec.tokens == plain.tokens
+    if args.json:
+        print(
+            json.dumps(
+                json_ready(
+                    {
+                        "plain": plain.result.to_dict(),
+                        "speculative": spec.result.to_dict(),
+                        "speedup": speedup,
+                        "identical_output": same,
+                        "text": spec.text,
+                    }
+                ),
+                allow_nan=False,
+            )
+        )
+        return 0
+    note = ""
+    if not same and args.temperature == 0:
+        exact = bool(spec.result.extra.get("exact"))
+        note = (
+            " (a bug: exact numerics must give plain decoding's tokens)"
+            if exact
+            else " (a near-tie that llama.cpp's batched kernels flip: --exact makes speculative "
+            "output plain decoding's, bit for bit)"
+        )
+    print(
+        f"[specdec] speedup {speedup:.2f}x wall clock ({plain.result.e2e_tokens_per_second:.2f} "
+        f"-> {spec.result.e2e_tokens_per_second:.2f} tok/s incl. prefill); outputs identical: "
+        f"{'yes' if same else 'no'}{note}",
+        file=sys.stderr,
     )
-    assert result is not None  # only cached_only gives None
-    # about 4 characters per token for English and code (only used to spot long prompts)
-    return choose(result, len(prompt) // 4, args.max_new_tokens)
-
-
-def _default_choice(args: argparse.Namespace, prompt: str) -> Any:
-    """What runs when nothing about speculation was chosen (``profiler.auto.machine_default``)."""
-    from specdec.profiler.auto import machine_default
-
-    return machine_default(
-        args.target,
-        target_backend=args.target_backend,
-        draft_backend=args.draft_backend,
-        n_ctx=args.n_ctx,
-        n_threads=args.threads,
-        prompt_tokens=len(prompt) // 4,  # about 4 characters per token (spots long prompts)
-        new_tokens=args.max_new_tokens,
-    )
-
-
-def _cost_provider(auto: Any) -> Any:
-    """The target's costs for a planned drafter: the profile's when the choice came from one
-    (None for exact numerics, whose kernels the profile did not time), else measured once on
-    this machine and cached."""
-    from specdec.profiler.target_costs import cached_target_costs
-
-    def measure(cfg: Any, lm: CausalLM) -> Any:
-        return cached_target_costs(cfg, lm, log=lambda m: print(f"[specdec] {m}", file=sys.stderr))
-
-    return measure if auto is None else auto.costs_or(measure)
-
-
-def _short(args: argparse.Namespace) -> argparse.Namespace:
-    ns = argparse.Namespace(**vars(args))
-    ns.max_new_tokens = min(8, args.max_new_tokens)
-    return ns
+    return 0

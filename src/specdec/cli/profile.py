@@ -145,7 +145,8 @@ def render(result: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.cli.common import json_ready, quiet_libraries
+    from specdec.cli.common import quiet_libraries
+    from specdec.jsonable import json_ready
     from specdec.profiler.run import run_profile
 
     quiet_libraries()

@@ -6,22 +6,11 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from specdec.cli import command_help
-from specdec.cli.common import (
-    DEFAULT_K,
-    add_model_args,
-    check_common,
-    model_configs,
-    quiet_libraries,
-    resolve_speculation,
-)
+from specdec.cli.common import add_model_args, check_common, draft_reference, quiet_libraries
 from specdec.errors import ConfigError
-from specdec.pairs import is_planned, load_pair, release
-
-if TYPE_CHECKING:
-    from specdec.api import Pair
+from specdec.pairs import DEFAULT_K, release
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 
@@ -89,10 +78,17 @@ def _check(args: argparse.Namespace) -> None:
     check_common(args)
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
-    if args.k is not None and args.k < 0:
-        raise ConfigError(f"-k must be >= 0, got {args.k}")
-    if args.default_max_tokens < 1:
-        raise ConfigError(f"--max-tokens must be >= 1, got {args.default_max_tokens}")
+    from specdec.api import check_request
+
+    # K and the default length: the checks every generation request goes through
+    check_request(
+        k=args.k,
+        max_new_tokens=args.default_max_tokens,
+        temperature=0.0,
+        top_k=0,
+        top_p=1.0,
+        stop=None,
+    )
     if args.max_queue < 0:
         raise ConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.max_body_bytes < 1024:
@@ -104,7 +100,6 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     quiet_libraries()
     _check(args)
-    args.machine_default = resolve_speculation(args)
     try:
         import uvicorn
 
@@ -114,12 +109,34 @@ def run(args: argparse.Namespace) -> int:
             f"specdec serve needs the serve extra ({e.name} is missing): "
             "pip install 'specdec[serve]'"
         ) from e
-    pair = _load(args)
+    from specdec.api import load
+
+    pair = load(
+        args.target,
+        draft_reference(args),
+        target_backend=args.target_backend,
+        draft_backend=args.draft_backend,
+        device=args.target_device or args.device,
+        dtype=args.target_dtype or args.dtype,
+        draft_device=args.draft_device,
+        draft_dtype=args.draft_dtype,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        auto=args.auto,
+        draft_window=args.draft_window,
+        exact=args.exact,
+        log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
+    )
+    config = pair.config
+    assert config is not None
+    if config.how:
+        print(f"[specdec] {config.how}: {config.label}: {config.reason}", file=sys.stderr)
     name = args.served_model_name or Path(args.target).name.removesuffix(".gguf")
-    config = ServeConfig(
+    config_ = ServeConfig(
         settings=ServeSettings(
             model_name=name,
-            k=None if args.auto or args.machine_default else args.k,
+            # the profile's policy decides K where the profile or the machine default chose
+            k=None if config.how else (DEFAULT_K if args.k is None else args.k),
             adaptive=args.adaptive,
             default_max_tokens=args.default_max_tokens,
         ),
@@ -127,13 +144,11 @@ def run(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
     )
-    app = create_app(pair, config)
+    app = create_app(pair, config_)
     how = (
-        "auto"
-        if args.auto
-        else f"default: {pair.auto.label}"
-        if args.machine_default and pair.auto is not None
-        else f"K={args.k}{', adaptive' if args.adaptive else ''}"
+        f"{config.how}: {config.label}"
+        if config.how
+        else f"K={config_.settings.k}{', adaptive' if args.adaptive else ''}"
     )
     print(
         f"[specdec] serving {name!r} on http://{args.host}:{args.port}/v1 ({how}, "
@@ -151,36 +166,3 @@ def run(args: argparse.Namespace) -> int:
     finally:
         release(pair.draft, pair.target)
     return 0
-
-
-def _load(args: argparse.Namespace) -> Pair:
-    """The pair to serve: as ``generate`` loads it, or the profile's choice with --auto."""
-    from specdec.api import Pair, load
-
-    if args.auto or args.machine_default:
-        pair = load(
-            args.target,
-            "default" if args.machine_default else args.draft,
-            target_backend=args.target_backend,
-            draft_backend=args.draft_backend,
-            device=args.device,
-            dtype=args.dtype,
-            n_ctx=args.n_ctx,
-            n_threads=args.threads,
-            auto=args.auto,
-            exact=args.exact,
-        )
-        if pair.auto is not None:
-            how = "auto" if args.auto else "default"
-            print(f"[specdec] {how}: {pair.auto.label}: {pair.auto.reason}", file=sys.stderr)
-        return pair
-    from specdec.api import measured_costs
-
-    draft_cfg, target_cfg = model_configs(args)
-    draft, target = load_pair(
-        draft_cfg if args.k > 0 else "none",
-        target_cfg,
-        costs=measured_costs if is_planned(draft_cfg) else None,
-        draft_window=args.draft_window,
-    )
-    return Pair(target, draft, costs=lambda: measured_costs(target_cfg, target))

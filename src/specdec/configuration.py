@@ -1,0 +1,202 @@
+"""What a generation runs, decided in one place: the target and how to run it, the drafter,
+the numerics, and why (``specdec.load``, ``specdec generate``, ``specdec serve`` and
+``specdec certify`` all resolve their models here).
+
+``resolve`` turns what a user said (model references, backends, ``auto``, the machine
+default, a draft window, exact numerics) into a frozen ``Configuration``; ``specdec.load``
+loads it. The choice between drafters is the profiler's (``profiler.auto``): ``auto`` runs
+the cached profile's recommendation (profiling first when there is none), and the machine
+default (``draft="default"``) runs that recommendation when one is cached, else the
+cost-aware suffix drafter on the target's own backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specdec.errors import ConfigError
+from specdec.models.loader import ModelConfig
+from specdec.pairs import (
+    DEFAULT_DRAFT,
+    DEFAULT_DRAFT_BACKEND,
+    DEFAULT_TARGET,
+    DEFAULT_TARGET_BACKEND,
+    HYBRID_PREFIX,
+    CostProvider,
+    DraftRef,
+    HybridRef,
+    draft_label,
+    is_model_free,
+    is_planned,
+)
+
+if TYPE_CHECKING:
+    from specdec.models.base import CausalLM
+    from specdec.profiler.auto import AutoChoice
+    from specdec.theory import Costs
+
+MACHINE_DEFAULT = "default"  # the draft reference that lets this machine's profile choose
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """A resolved configuration: ``target`` and ``draft`` as ``pairs.load_pair`` takes them
+    ("none" for plain decoding), the profile's choice when the profile or the machine
+    default decided (its K policy and measured costs), and the words that say what and why."""
+
+    target: ModelConfig
+    draft: DraftRef
+    draft_window: int | None = None
+    choice: AutoChoice | None = None
+    how: str = ""  # "auto", "default" (the machine default), or "" (named by the user)
+
+    @property
+    def label(self) -> str:
+        if self.choice is not None:
+            return self.choice.label
+        return f"{draft_label(self.draft)} -> {self.target.label()}"
+
+    @property
+    def k(self) -> int | None:
+        """The K the profile's choice starts with (its cap for a planned drafter; 0 for plain
+        decoding); None when the user named the drafter (their -k, or the default K)."""
+        if self.choice is None:
+            return None
+        return self.choice.policy().next_k() if self.choice.speculative else 0
+
+    @property
+    def reason(self) -> str:
+        return self.choice.reason if self.choice is not None else "as given"
+
+    def costs(self, log: Log = lambda _: None) -> CostProvider | None:
+        """Where a planned drafter gets the target's costs: the profile's when it measured
+        them (and timed these numerics), else measured once on this machine and cached
+        (``log`` hears when they are measured)."""
+        if not is_planned(self.draft):
+            return None
+
+        def measure(cfg: ModelConfig, target: CausalLM) -> Costs:
+            return measured_costs(cfg, target, log)
+
+        if self.choice is not None and self.choice.costs is not None and not self.target.exact:
+            return self.choice.costs_or(measure)
+        return measure
+
+
+def measured_costs(cfg: ModelConfig, target: CausalLM, log: Log = lambda _: None) -> Costs:
+    """The target's costs for a planned drafter: measured once per machine and cached."""
+    from specdec.profiler.target_costs import cached_target_costs
+
+    return cached_target_costs(cfg, target, log=log)
+
+
+def model_refs(
+    target: str,
+    draft: str | None,
+    *,
+    target_backend: str = DEFAULT_TARGET_BACKEND,
+    draft_backend: str = DEFAULT_DRAFT_BACKEND,
+    device: str = "auto",
+    dtype: str = "auto",
+    draft_device: str | None = None,
+    draft_dtype: str | None = None,
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+    exact: bool = False,
+) -> tuple[DraftRef, ModelConfig]:
+    """(draft reference, target config) from model references: a model-free drafter stays a
+    string ("none" for None), ``hybrid:MODEL`` becomes a ``HybridRef``, anything else a
+    draft model's ``ModelConfig`` (which never runs exact numerics: a draft only proposes)."""
+    target_cfg = ModelConfig(target, target_backend, device, dtype, n_ctx, n_threads, exact)
+    if draft is None or is_model_free(draft):
+        return draft or "none", target_cfg
+    model = ModelConfig(
+        draft.removeprefix(HYBRID_PREFIX),
+        draft_backend,
+        draft_device or device,
+        draft_dtype or dtype,
+        n_ctx,
+        n_threads,
+    )
+    return (HybridRef(model) if draft.startswith(HYBRID_PREFIX) else model), target_cfg
+
+
+def resolve(
+    target: str = DEFAULT_TARGET,
+    draft: str | None = MACHINE_DEFAULT,
+    *,
+    target_backend: str = DEFAULT_TARGET_BACKEND,
+    draft_backend: str = DEFAULT_DRAFT_BACKEND,
+    device: str = "auto",
+    dtype: str = "auto",
+    draft_device: str | None = None,
+    draft_dtype: str | None = None,
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+    auto: bool = False,
+    draft_window: int | None = None,
+    exact: bool | None = None,
+    prompt_tokens: int | None = None,
+    new_tokens: int = 128,
+    log: Log = lambda _: None,
+) -> Configuration:
+    """The configuration to load (see ``specdec.load`` for the arguments). ``prompt_tokens``
+    and ``new_tokens`` size the request when the profile chooses (a prompt much longer than
+    the probe's re-ranks its choices); ``log`` hears about a profile run by ``auto``."""
+    if draft_window is not None and (auto or draft == MACHINE_DEFAULT):
+        raise ConfigError(
+            "a draft window needs a named draft model; the machine default and auto choose "
+            "the drafter themselves"
+        )
+    choice: AutoChoice | None = None
+    how = ""
+    if auto:
+        from specdec.profiler.auto import auto_profile, choose
+
+        result = auto_profile(
+            target,
+            draft=DEFAULT_DRAFT if draft == MACHINE_DEFAULT else draft,
+            target_backend=target_backend,
+            draft_backend=draft_backend,
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+            log=log,
+        )
+        assert result is not None  # only cached_only gives None
+        choice = choose(result, prompt_tokens, new_tokens)
+        how = "auto"
+    elif draft == MACHINE_DEFAULT:
+        from specdec.profiler.auto import machine_default
+
+        choice = machine_default(
+            target,
+            target_backend=target_backend,
+            draft_backend=draft_backend,
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+        )
+        how = "default"
+    if choice is not None:
+        target_backend = choice.target_backend
+        draft = choice.draft_ref if choice.speculative else "none"
+    if exact is None:  # the profile's decision for this machine, else llama.cpp's numerics
+        exact = choice.exact if choice is not None else False
+    draft_ref, target_cfg = model_refs(
+        target,
+        draft,
+        target_backend=target_backend,
+        draft_backend=draft_backend,
+        device=device,
+        dtype=dtype,
+        draft_device=draft_device,
+        draft_dtype=draft_dtype,
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        exact=exact,
+    )
+    return Configuration(target_cfg, draft_ref, draft_window, choice, how)
