@@ -4,7 +4,6 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SPECDEC := $(VENV)/bin/specdec
-DEMO_PROMPT ?= Write a Python function that returns the n-th Fibonacci number, with a docstring and type hints.
 
 .PHONY: install demo test lint models-test lowest-transformers
 
@@ -20,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(SPECDEC) generate --chat --compare "$(DEMO_PROMPT)"
+	$(SPECDEC) demo
 
 models-test: install
 	$(SPECDEC) models fetch smollm2-135m-instruct-q4_1

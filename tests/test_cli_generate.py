@@ -161,3 +161,17 @@ def test_console_entry_point_exit_code() -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("specdec: error:")
+
+
+def test_demo_shows_the_verdict_and_a_code_edit_with_its_prediction(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`specdec demo` on a mock target: the verdict line (no profile here), the task, both
+    stats lines, the speedup and the identity check (a mock is exact: the outputs match)."""
+    rc, out, err = run_cli(capsys, "demo", "--target", "mock:target", "-n", "24")
+    assert rc == 0 and out.strip()
+    assert "no profile yet" in err and "task code_predict:rename_1" in err
+    assert "[specdec plain]" in err and "[specdec with the prediction]" in err
+    assert "prediction " in err and "outputs identical: yes" in err
+    rc, _, err = run_cli(capsys, "demo", "--target", "mock:target", "--task", "nope")
+    assert rc == 2 and "no task 'nope'" in err

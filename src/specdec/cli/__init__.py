@@ -22,6 +22,10 @@ from specdec.errors import SpecdecError
 COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
     {
         "generate": ("specdec.cli.generate", "generate text with speculative decoding"),
+        "demo": (
+            "specdec.cli.demo",
+            "this machine's verdict, then a code edit plain and with its prediction",
+        ),
         "models": ("specdec.cli.models", "list, fetch and verify the real models of the store"),
         "bench": (
             "specdec.cli.bench",

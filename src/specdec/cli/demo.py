@@ -1,0 +1,101 @@
+"""`specdec demo`: what speculation does on this machine, shown on one code edit.
+
+1. This machine's verdict, in one line: the cached profile's recommendation and why (or that
+   there is none yet), and what exact numerics would cost here when the profile measured it.
+2. A code-editing request from the packaged ``code_predict`` set (a long function to edit,
+   passed with the code before the edit as its prediction), decoded plainly and then with the
+   prediction drafted, on the same loaded pair: the edited code, a stats line for each, the
+   measured speedup and whether the two outputs are identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.cli import command_help
+from specdec.cli.common import quiet_libraries
+from specdec.errors import ConfigError
+from specdec.pairs import DEFAULT_TARGET
+
+DEMO_TASK = "code_predict:rename_1"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo",
+        help=command_help("demo"),
+        description="This machine's verdict in one line, then a code edit decoded plainly and "
+        "with its prediction drafted: the speedup and whether the outputs are identical.",
+    )
+    p.add_argument("--target", "-m", default=DEFAULT_TARGET, help="the target model")
+    p.add_argument("--task", default=DEMO_TASK, help="a task id of the code_predict set")
+    p.add_argument("--max-new-tokens", "-n", type=int, default=512)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    p.set_defaults(func=run)
+
+
+def verdict(target: str, n_threads: int | None) -> str:
+    """One line: what the cached profile of this machine recommends and why."""
+    from specdec.machine import cpu_model
+    from specdec.profiler.auto import auto_profile, choose
+    from specdec.profiler.exact_price import ExactPrice
+
+    result = auto_profile(
+        target,
+        draft="qwen2.5-coder-0.5b-instruct-q4_k_m",
+        target_backend="auto",
+        draft_backend="auto",
+        n_ctx=4096,
+        n_threads=n_threads,
+        cached_only=True,
+    )
+    where = cpu_model() or "this CPU"
+    if result is None:
+        return (
+            f"{where}: no profile yet (`specdec profile` measures every configuration here); "
+            "the default drafts only where the text repeats, sized by the target's measured "
+            "verify cost"
+        )
+    choice = choose(result, None, int(result.spec["n_new"]))
+    line = f"{where}: the profile recommends {choice.label} ({choice.reason})"
+    if result.exact:
+        price = ExactPrice.from_dict(result.exact)
+        line += f"; exact numerics cost {price.decode_cost:+.0%} per plain step here"
+    return line
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdec.api import load
+    from specdec.cli.generate import stats_line
+    from specdec.prompt_sets import load_code_predict
+
+    quiet_libraries()
+    tasks = {p.id: p for p in load_code_predict()}
+    if args.task not in tasks:
+        raise ConfigError(f"no task {args.task!r} in the code_predict set")
+    if args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    task = tasks[args.task]
+    print(f"[specdec] {verdict(args.target, args.threads)}", file=sys.stderr)
+    pair = load(args.target, n_threads=args.threads, log=lambda m: print(f"[specdec] {m}"))
+    ids = pair.encode(task.text)
+    instruction = task.text.split("\n\n", 1)[0]
+    print(f"[specdec] task {task.id} ({len(ids)}-token prompt): {instruction}", file=sys.stderr)
+    options = {"max_new_tokens": args.max_new_tokens, "prediction": task.prediction}
+    pair.generate(ids, k=0, max_new_tokens=4)  # warm-up (and the prompt's prefill, reused)
+    pair.generate(ids, **{**options, "max_new_tokens": 4})
+    plain = pair.generate(ids, k=0, max_new_tokens=args.max_new_tokens)
+    spec = pair.generate(ids, **options)
+    print(spec.text)
+    print(stats_line(plain.result, "plain"), file=sys.stderr)
+    print(stats_line(spec.result, "with the prediction"), file=sys.stderr)
+    speedup = spec.result.tokens_per_second / plain.result.tokens_per_second
+    same = spec.tokens == plain.tokens
+    print(
+        f"[specdec] decode speed {speedup:.2f}x of plain decoding on the same loaded model "
+        f"({plain.result.tokens_per_second:.1f} -> {spec.result.tokens_per_second:.1f} tok/s); "
+        f"outputs identical: {'yes' if same else 'no'}",
+        file=sys.stderr,
+    )
+    return 0
