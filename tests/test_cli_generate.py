@@ -81,6 +81,30 @@ def test_compare_reports_speedup_and_identity(capsys: pytest.CaptureFixture[str]
     assert "speedup" in err and "outputs identical: yes" in err
 
 
+def test_pair_compare_runs_both_and_can_tell_outputs_apart() -> None:
+    """``Pair.compare``: a plain run and a speculative run of one request; ``identical`` is
+    true for a lossless pair (greedy) and false when the runs' tokens differ (sampled with
+    a draft that changes the random stream: the same distribution, other tokens)."""
+    import specdec
+
+    pair = specdec.load(
+        "mock:target", "mock:close", target_backend="mock", draft_backend="mock", n_ctx=256
+    )
+    shown: list[str] = []
+    c = pair.compare("hello", k=4, max_new_tokens=12, stop_on_eos=False, on_text=shown.append)
+    assert c.identical and c.plain.tokens == c.speculative.tokens
+    assert "".join(shown) == c.speculative.text
+    assert c.plain.result.drafted_tokens == 0 and c.speculative.result.drafted_tokens > 0
+    assert c.speedup > 0 and c.decode_speedup > 0
+    differs = [
+        pair.compare("hello", k=4, max_new_tokens=12, stop_on_eos=False, temperature=1.0, seed=s)
+        for s in range(4)
+    ]
+    assert not all(d.identical for d in differs)
+    assert pair.speculates(4) and not pair.speculates(0)
+    assert pair.speculates(0, prediction=None) is False and pair.speculates(None, "x")
+
+
 def test_k_zero_is_plain_decoding(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run_cli(
         capsys, "generate", "hello", *MOCK, "-k", "0", "--max-new-tokens", "5", "--no-stop"

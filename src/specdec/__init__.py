@@ -24,7 +24,7 @@ from specdec.errors import (
 )
 
 if TYPE_CHECKING:
-    from specdec.api import Completion, Pair, TextStream, load
+    from specdec.api import Comparison, Completion, Pair, TextStream, load
     from specdec.decoding import GenerationResult, generate, generate_stream
     from specdec.sampling import SamplingConfig
 
@@ -34,6 +34,7 @@ _LAZY: Mapping[str, str] = MappingProxyType(
     {
         "load": "specdec.api",
         "Pair": "specdec.api",
+        "Comparison": "specdec.api",
         "Completion": "specdec.api",
         "TextStream": "specdec.api",
         "generate": "specdec.decoding",
@@ -52,6 +53,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Comparison",
     "Completion",
     "ConfigError",
     "ContextOverflowError",

@@ -80,6 +80,35 @@ class Completion:
 
 
 @dataclasses.dataclass
+class Comparison:
+    """What ``Pair.compare`` returns: one request decoded plainly (k=0) and as configured, on
+    the same loaded models, one after the other."""
+
+    plain: Completion
+    speculative: Completion
+
+    @property
+    def speedup(self) -> float:
+        """Wall clock including prefill, per generated token: speculative / plain."""
+        s, p = self.speculative.result, self.plain.result
+        return s.e2e_tokens_per_second / p.e2e_tokens_per_second
+
+    @property
+    def decode_speedup(self) -> float:
+        """Decode tokens/s (prefill excluded): speculative / plain."""
+        return self.speculative.result.tokens_per_second / self.plain.result.tokens_per_second
+
+    @property
+    def identical(self) -> bool:
+        """The same output: the same tokens, or the same text where both ended at a stop
+        string (the tokens after a stop string are not output)."""
+        s, p = self.speculative, self.plain
+        if s.finish_reason == p.finish_reason == "stop":
+            return s.text == p.text
+        return s.tokens == p.tokens
+
+
+@dataclasses.dataclass
 class TextDelta:
     """The text one round added (possibly "": a character or a stop string is incomplete) and
     the round's event (None for the text released when the generation ends)."""
@@ -335,6 +364,37 @@ class Pair:
 
     generate = _drained(stream)
     del _drained
+
+    def compare(
+        self,
+        prompt: str | Sequence[int] | None = None,
+        *,
+        k: int | None = None,
+        on_text: Callable[[str], None] | None = None,
+        **options: Any,
+    ) -> Comparison:
+        """The same request (``stream``'s arguments) decoded plainly (k=0), then with ``k``
+        (None: the pair's configuration), after a short warm-up of both paths so that
+        neither pays for one-time set-up; ``on_text`` gets the speculative run's text as it
+        streams."""
+        warm = {**options, "max_new_tokens": min(8, int(options.get("max_new_tokens", 128)))}
+        for k_warm in (0, k):
+            self.generate(prompt, k=k_warm, **warm)
+        plain = self.generate(prompt, k=0, **options)
+        stream = self.stream(prompt, k=k, **options)
+        for piece in stream:
+            if on_text is not None:
+                on_text(piece)
+        assert stream.completion is not None
+        return Comparison(plain, stream.completion)
+
+    def speculates(self, k: int | None = None, prediction: object = None) -> bool:
+        """Whether a request with this ``k`` (None: the configuration's) would draft at all."""
+        if prediction is not None:
+            return k != 0
+        if k == 0 or self.draft is None:
+            return False
+        return k is not None or self.auto is None or self.auto.speculative
 
 
 def load(

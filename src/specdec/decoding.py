@@ -182,6 +182,33 @@ class GenerationResult:
         other = self.t_total - self.t_prefill - d - v - s
         return {"prefill": self.t_prefill, "draft": d, "verify": v, "sampling": s, "other": other}
 
+    def summary(self, label: str = "") -> str:
+        """One line for people: tokens, time, TTFT, tok/s, rounds, acceptance by position,
+        the prediction's counts, the numerics and draft window when they apply, time split."""
+        split = self.time_split()
+        total = sum(split.values()) or 1.0
+        acc = " ".join("-" if a != a else f"{a:.2f}" for a in self.acceptance_by_position())
+        parts = [
+            f"{len(self.tokens)} tokens in {self.t_total:.2f} s",
+            f"TTFT {self.ttft:.2f} s ({len(self.prompt_ids)}-token prompt)",
+            f"{self.tokens_per_second:.2f} tok/s",
+            f"{self.n_rounds} rounds, {self.mean_tokens_per_round:.2f} tokens/round",
+        ]
+        if acc:
+            parts.append(f"acceptance by position {acc}")
+        if "prediction_tokens" in self.extra:
+            accepted, rejected = self.prediction_tokens()
+            parts.append(f"prediction {accepted} accepted / {rejected} rejected")
+        if self.extra.get("exact"):
+            parts.append("exact numerics")
+        if "draft_window" in self.extra:  # the draft's prefill (in TTFT) covers only the window
+            parts.append(
+                f"draft window {self.extra['draft_window']} ({self.extra['draft_rebases']} "
+                "re-bases)"
+            )
+        parts.append(" ".join(f"{k} {100 * v / total:.0f}%" for k, v in split.items()))
+        return f"[specdec{' ' + label if label else ''}] " + " | ".join(parts)
+
     def to_dict(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         if "prediction_tokens" in self.extra:  # a prediction was given (drafters.prediction)

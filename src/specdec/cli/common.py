@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from specdec.configuration import MACHINE_DEFAULT, model_refs
 from specdec.errors import ConfigError
@@ -17,6 +18,9 @@ from specdec.pairs import (
     DraftRef,
 )
 from specdec.sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    from specdec.api import Pair
 
 
 def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
@@ -216,6 +220,36 @@ def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
         n_threads=args.threads,
         exact=bool(getattr(args, "exact", False)),
     )
+
+
+def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
+    """``specdec.load`` with the command line's model options (``generate``, ``serve``);
+    says on stderr what the profile or the machine default chose, and why. ``hints``:
+    ``prompt_tokens`` / ``new_tokens`` for the choice of configuration."""
+    from specdec.api import load
+
+    pair = load(
+        args.target,
+        draft_reference(args),
+        target_backend=args.target_backend,
+        draft_backend=args.draft_backend,
+        device=args.target_device or args.device,
+        dtype=args.target_dtype or args.dtype,
+        draft_device=args.draft_device,
+        draft_dtype=args.draft_dtype,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        auto=args.auto,
+        draft_window=args.draft_window,
+        exact=args.exact,
+        log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
+        **hints,
+    )
+    config = pair.config
+    assert config is not None
+    if config.how:  # the profile or the machine default chose: say what and why
+        print(f"[specdec] {config.how}: {config.label}: {config.reason}", file=sys.stderr)
+    return pair
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

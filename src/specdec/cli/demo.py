@@ -58,7 +58,8 @@ def verdict(target: str, n_threads: int | None) -> str:
             "verify cost"
         )
     choice = choose(result, None, int(result.spec["n_new"]))
-    line = f"{where}: the profile recommends {choice.label} ({choice.reason})"
+    reason = choice.reason.split(" Prediction:")[0]  # what was measured, not the forecast
+    line = f"{where}: the profile recommends {choice.label} ({reason})"
     if result.exact:
         price = ExactPrice.from_dict(result.exact)
         line += f"; exact numerics cost {price.decode_cost:+.0%} per plain step here"
@@ -67,7 +68,6 @@ def verdict(target: str, n_threads: int | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.api import load
-    from specdec.cli.generate import stats_line
     from specdec.prompt_sets import load_code_predict
 
     quiet_libraries()
@@ -82,20 +82,15 @@ def run(args: argparse.Namespace) -> int:
     ids = pair.encode(task.text)
     instruction = task.text.split("\n\n", 1)[0]
     print(f"[specdec] task {task.id} ({len(ids)}-token prompt): {instruction}", file=sys.stderr)
-    options = {"max_new_tokens": args.max_new_tokens, "prediction": task.prediction}
-    pair.generate(ids, k=0, max_new_tokens=4)  # warm-up (and the prompt's prefill, reused)
-    pair.generate(ids, **{**options, "max_new_tokens": 4})
-    plain = pair.generate(ids, k=0, max_new_tokens=args.max_new_tokens)
-    spec = pair.generate(ids, **options)
-    print(spec.text)
-    print(stats_line(plain.result, "plain"), file=sys.stderr)
-    print(stats_line(spec.result, "with the prediction"), file=sys.stderr)
-    speedup = spec.result.tokens_per_second / plain.result.tokens_per_second
-    same = spec.tokens == plain.tokens
+    c = pair.compare(ids, max_new_tokens=args.max_new_tokens, prediction=task.prediction)
+    print(c.speculative.text)
+    plain, spec = c.plain.result, c.speculative.result
+    print(plain.summary("plain"), file=sys.stderr)
+    print(spec.summary("with the prediction"), file=sys.stderr)
     print(
-        f"[specdec] decode speed {speedup:.2f}x of plain decoding on the same loaded model "
-        f"({plain.result.tokens_per_second:.1f} -> {spec.result.tokens_per_second:.1f} tok/s); "
-        f"outputs identical: {'yes' if same else 'no'}",
+        f"[specdec] decode speed {c.decode_speedup:.2f}x of plain decoding on the same loaded "
+        f"model ({plain.tokens_per_second:.1f} -> {spec.tokens_per_second:.1f} tok/s); "
+        f"outputs identical: {'yes' if c.identical else 'no'}",
         file=sys.stderr,
     )
     return 0

@@ -16,7 +16,7 @@ from specdec.cli.common import (
     add_model_args,
     add_sampling_args,
     check_common,
-    draft_reference,
+    load_from_args,
     quiet_libraries,
     read_prompt,
     read_text_file,
@@ -26,7 +26,7 @@ from specdec.jsonable import json_ready
 from specdec.pairs import DEFAULT_K
 
 if TYPE_CHECKING:
-    from specdec.api import Completion, GenerationResult, Pair
+    from specdec.api import Comparison
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -103,33 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, draft=None)
 
 
-def stats_line(res: GenerationResult, label: str = "") -> str:
-    split = res.time_split()
-    total = sum(split.values()) or 1.0
-    acc = " ".join("-" if a != a else f"{a:.2f}" for a in res.acceptance_by_position())
-    parts = [
-        f"{len(res.tokens)} tokens in {res.t_total:.2f} s",
-        f"TTFT {res.ttft:.2f} s ({len(res.prompt_ids)}-token prompt)",
-        f"{res.tokens_per_second:.2f} tok/s",
-        f"{res.n_rounds} rounds, {res.mean_tokens_per_round:.2f} tokens/round",
-    ]
-    if acc:
-        parts.append(f"acceptance by position {acc}")
-    if "prediction_tokens" in res.extra:
-        accepted, rejected = res.prediction_tokens()
-        parts.append(f"prediction {accepted} accepted / {rejected} rejected")
-    if res.extra.get("exact"):
-        parts.append("exact numerics")
-    if "draft_window" in res.extra:  # the draft's prefill (in TTFT) covers only the window
-        parts.append(
-            f"draft window {res.extra['draft_window']} ({res.extra['draft_rebases']} re-bases)"
-        )
-    parts.append(" ".join(f"{k} {100 * v / total:.0f}%" for k, v in split.items()))
-    return f"[specdec{' ' + label if label else ''}] " + " | ".join(parts)
-
-
 def run(args: argparse.Namespace) -> int:
-    from specdec.api import check_request, load
+    from specdec.api import check_request
 
     quiet_libraries()
     check_common(args)
@@ -141,12 +116,12 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(given) if given is not None else None
     if prompt is not None and not prompt.strip():
         raise ConfigError("the prompt is empty")
+    prediction = read_text_file(args.prediction, "--prediction") if args.prediction else None
     from specdec.prompting import read_messages
 
     messages = read_messages(args.messages) if args.messages is not None else None
     if args.raw and (args.system is not None or messages is not None):
         raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
-    prediction = read_text_file(args.prediction, "--prediction") if args.prediction else None
     request = {  # checked now, before anything is loaded
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
@@ -157,29 +132,10 @@ def run(args: argparse.Namespace) -> int:
     check_request(k=args.k, **request)
     text = prompt or "".join(m["content"] for m in messages or [])
     t0 = time.perf_counter()
-    pair = load(
-        args.target,
-        draft_reference(args),
-        target_backend=args.target_backend,
-        draft_backend=args.draft_backend,
-        device=args.target_device or args.device,
-        dtype=args.target_dtype or args.dtype,
-        draft_device=args.draft_device,
-        draft_dtype=args.draft_dtype,
-        n_ctx=args.n_ctx,
-        n_threads=args.threads,
-        auto=args.auto,
-        draft_window=args.draft_window,
-        exact=args.exact,
-        prompt_tokens=len(text) // 4,  # about 4 characters per token (spots long prompts)
-        new_tokens=args.max_new_tokens,
-        log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
+    pair = load_from_args(  # about 4 characters per token (spots long prompts)
+        args, prompt_tokens=len(text) // 4, new_tokens=args.max_new_tokens
     )
     t_load = time.perf_counter() - t0
-    config = pair.config
-    assert config is not None
-    if config.how:  # the profile or the machine default chose: say what and why
-        print(f"[specdec] {config.how}: {config.label}: {config.reason}", file=sys.stderr)
     chat = True if args.chat else (False if args.raw else None)  # None: template if any
     ids = pair.encode(prompt, messages=messages, system=args.system, chat=chat)
     print(f"[specdec] loaded in {t_load:.1f} s; prompt {len(ids)} tokens", file=sys.stderr)
@@ -190,49 +146,12 @@ def run(args: argparse.Namespace) -> int:
         "stop_on_eos": not args.no_stop,
         "prediction": prediction,
     }
+    show = None if args.json else _write
+    if args.compare and pair.speculates(args.k, prediction):
+        config = pair.config
+        label = "prediction" if prediction else (config.how if config else "") or f"K={args.k}"
+        return _compare(pair.compare(ids, k=args.k, on_text=show, **options), args, label)
     if args.compare:
-        return _compare(pair, ids, args, options)
-    out = None if args.json else sys.stdout
-    done = _run(pair, ids, options, args.k, out)
-    if args.json:
-        record = _record(done)
-        record["load_seconds"] = t_load
-        if config.how:  # what the default / --auto chose, and why
-            k = config.k if args.k is None else args.k
-            record["configuration"] = {"label": config.label, "k": k, "reason": config.reason}
-        print(json.dumps(json_ready(record), allow_nan=False))
-    else:
-        print(stats_line(done.result), file=sys.stderr)
-    return 0
-
-
-def _run(
-    pair: Pair, ids: list[int], options: dict[str, Any], k: int | None, out: Any
-) -> Completion:
-    """One generation; its text streamed to ``out`` as rounds are accepted (None: not)."""
-    stream = pair.stream(ids, k=k, **options)
-    for piece in stream:
-        if out is not None:
-            out.write(piece)
-            out.flush()
-    if out is not None:
-        out.write("\n")
-        out.flush()
-    assert stream.completion is not None
-    return stream.completion
-
-
-def _record(c: Completion) -> dict[str, Any]:
-    record = c.result.to_dict()
-    record["text"] = c.text
-    return record
-
-
-def _compare(pair: Pair, ids: list[int], args: argparse.Namespace, options: dict[str, Any]) -> int:
-    """Plain decoding and the configured speculation back to back on the same pair."""
-    if options["prediction"] is None and (
-        args.k == 0 or pair.draft is None or (pair.auto is not None and not pair.auto.speculative)
-    ):
         if pair.auto is None:
             raise ConfigError("--compare needs a drafter (-k > 0 and a --draft) or --prediction")
         print(
@@ -240,50 +159,60 @@ def _compare(pair: Pair, ids: list[int], args: argparse.Namespace, options: dict
             "nothing to compare; name a drafter (--draft, -k) or give a --prediction",
             file=sys.stderr,
         )
-        done = _run(pair, ids, options, args.k, None if args.json else sys.stdout)
-        print(stats_line(done.result), file=sys.stderr)
-        return 0
-    warm = {**options, "max_new_tokens": min(8, args.max_new_tokens)}
-    for k in (0, args.k):  # warm both paths up so one-time initialisation is billed to neither
-        pair.generate(ids, k=k, **warm)
-    plain = pair.generate(ids, k=0, **options)
-    print(stats_line(plain.result, "plain"), file=sys.stderr)
-    spec = _run(pair, ids, options, args.k, None if args.json else sys.stdout)
-    how = pair.config.how if pair.config is not None else ""
-    label = "prediction" if options["prediction"] is not None else how or f"K={args.k}"
-    print(stats_line(spec.result, label), file=sys.stderr)
-    # wall clock including prefill, per generated token (robust to different lengths)
-    speedup = spec.result.e2e_tokens_per_second / plain.result.e2e_tokens_per_second
-    same = spec.text == plain.text if args.stop else spec.tokens == plain.tokens
+    stream = pair.stream(ids, k=args.k, **options)
+    for piece in stream:
+        if show is not None:
+            show(piece)
+    done = stream.completion
+    assert done is not None
+    if args.json and not args.compare:
+        config = pair.config
+        assert config is not None
+        record = {**done.result.to_dict(), "text": done.text, "load_seconds": t_load}
+        if config.how:  # what the default / --auto chose, and why
+            k = config.k if args.k is None else args.k
+            record["configuration"] = {"label": config.label, "k": k, "reason": config.reason}
+        print(json.dumps(json_ready(record), allow_nan=False))
+    else:
+        if show is not None:
+            show("\n")
+        print(done.result.summary(), file=sys.stderr)
+    return 0
+
+
+def _write(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
+
+
+def _compare(c: Comparison, args: argparse.Namespace, label: str) -> int:
+    """Print a comparison: the two stats lines and the speedup (or one JSON object)."""
     if args.json:
-        print(
-            json.dumps(
-                json_ready(
-                    {
-                        "plain": plain.result.to_dict(),
-                        "speculative": spec.result.to_dict(),
-                        "speedup": speedup,
-                        "identical_output": same,
-                        "text": spec.text,
-                    }
-                ),
-                allow_nan=False,
-            )
-        )
+        record = {
+            "plain": c.plain.result.to_dict(),
+            "speculative": c.speculative.result.to_dict(),
+            "speedup": c.speedup,
+            "identical_output": c.identical,
+            "text": c.speculative.text,
+        }
+        print(json.dumps(json_ready(record), allow_nan=False))
         return 0
+    _write("\n")
+    spec = c.speculative.result
+    print(c.plain.result.summary("plain"), file=sys.stderr)
+    print(spec.summary(label), file=sys.stderr)
     note = ""
-    if not same and args.temperature == 0:
-        exact = bool(spec.result.extra.get("exact"))
+    if not c.identical and args.temperature == 0:
         note = (
             " (a bug: exact numerics must give plain decoding's tokens)"
-            if exact
+            if spec.extra.get("exact")
             else " (a near-tie that llama.cpp's batched kernels flip: --exact makes speculative "
             "output plain decoding's, bit for bit)"
         )
     print(
-        f"[specdec] speedup {speedup:.2f}x wall clock ({plain.result.e2e_tokens_per_second:.2f} "
-        f"-> {spec.result.e2e_tokens_per_second:.2f} tok/s incl. prefill); outputs identical: "
-        f"{'yes' if same else 'no'}{note}",
+        f"[specdec] speedup {c.speedup:.2f}x wall clock ({c.plain.result.e2e_tokens_per_second:.2f}"
+        f" -> {spec.e2e_tokens_per_second:.2f} tok/s incl. prefill); outputs identical: "
+        f"{'yes' if c.identical else 'no'}{note}",
         file=sys.stderr,
     )
     return 0

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from specdec.cli import command_help
-from specdec.cli.common import add_model_args, check_common, draft_reference, quiet_libraries
+from specdec.cli.common import add_model_args, check_common, load_from_args, quiet_libraries
 from specdec.errors import ConfigError
 from specdec.pairs import DEFAULT_K, release
 
@@ -109,28 +109,9 @@ def run(args: argparse.Namespace) -> int:
             f"specdec serve needs the serve extra ({e.name} is missing): "
             "pip install 'specdec[serve]'"
         ) from e
-    from specdec.api import load
-
-    pair = load(
-        args.target,
-        draft_reference(args),
-        target_backend=args.target_backend,
-        draft_backend=args.draft_backend,
-        device=args.target_device or args.device,
-        dtype=args.target_dtype or args.dtype,
-        draft_device=args.draft_device,
-        draft_dtype=args.draft_dtype,
-        n_ctx=args.n_ctx,
-        n_threads=args.threads,
-        auto=args.auto,
-        draft_window=args.draft_window,
-        exact=args.exact,
-        log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
-    )
+    pair = load_from_args(args)
     config = pair.config
     assert config is not None
-    if config.how:
-        print(f"[specdec] {config.how}: {config.label}: {config.reason}", file=sys.stderr)
     name = args.served_model_name or Path(args.target).name.removesuffix(".gguf")
     config_ = ServeConfig(
         settings=ServeSettings(
