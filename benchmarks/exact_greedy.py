@@ -14,9 +14,14 @@ One process, one numerics (``--numerics exact``: the target with ``exact=True``;
                      instance with the same settings and n_batch 512 (specdec's is 128), so its
                      prompt is split into other passes
 
-specdec's configurations after plain reuse the target's cached prompt. Prompts: the 12
-longest Spec-Bench questions (all over 600 tokens in the template), two per coarse category
-of the rest, 4 code-editing and 2 HumanEval prompts. Each prompt's record is appended to
+  prediction         (prompts with a prediction only) the prompt's prediction drafted in front
+                     of the planned drafter, as ``Pair.generate(prediction=...)`` does
+
+specdec's configurations after plain reuse the target's cached prompt. Prompts: the
+``--long`` longest Spec-Bench questions (all over 600 tokens in the template), two per
+coarse category of the rest, 4 code-editing and 2 HumanEval prompts, and 4 code edits of the
+code_predict set with their predictions (a rename, a small edit, a whole-file rewrite and
+an unrelated prediction). Each prompt's record is appended to
 ``--out`` (JSONL) as it completes; ``--resume`` skips the prompts already there. The summary
 prints, per configuration, on how many prompts the tokens equal plain decoding's and, where
 not, the first differing token.
@@ -38,12 +43,16 @@ from typing import Any
 TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 LONG = 600  # prompt tokens that make a prompt "long" for the done-when of issue 26
+# code edits with the code as the prediction (the code_predict set), one of each kind; the
+# unrelated control drafts a wrong prediction wherever it rejoins
+PREDICTION_KINDS = ("rename", "small_edit", "whole_file", "control_unrelated")
 
 
 def choose_prompts(target: Any, n_long: int, per_category: int) -> list[tuple[Any, list[int]]]:
     from specdec.prompt_sets import (
         load_code_completion,
         load_code_edit,
+        load_code_predict,
         load_spec_bench,
         sample_per_category,
     )
@@ -56,11 +65,17 @@ def choose_prompts(target: Any, n_long: int, per_category: int) -> list[tuple[An
     rest = [p for p in spec if p not in longest]
     chosen = longest + sample_per_category(rest, per_category, seed=0)
     chosen += load_code_edit()[:4] + load_code_completion()[:2]
+    by_kind = {p.fine_category: p for p in reversed(load_code_predict())}  # first of each kind
+    chosen += [by_kind[k] for k in PREDICTION_KINDS]
     return [(p, ids.get(p.id) or encode_prompt(target, p.text, chat=True)) for p in chosen]
 
 
 def run_prompt(
-    target: Any, other: Any, drafters: dict[str, tuple[Any, int]], ids: list[int], n_new: int
+    target: Any,
+    other: Any,
+    drafters: dict[str, tuple[Any, int]],
+    ids: list[int],
+    n_new: int,
 ) -> dict[str, Any]:
     from specdec.decoding import generate
     from specdec.stats import first_difference
@@ -96,7 +111,7 @@ def run_prompt(
 
 
 def summary(records: list[dict[str, Any]]) -> str:
-    names = list(records[0]["runs"]) if records else []
+    names = list(dict.fromkeys(n for r in records for n in r["runs"]))
     n_long = sum(r["prompt_tokens"] > LONG for r in records)
     lines = [
         f"{len(records)} prompts ({n_long} over {LONG} tokens), "
@@ -108,16 +123,17 @@ def summary(records: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|",
     ]
     for name in names:
-        same = sum(r["runs"][name]["identical"] for r in records)
-        multi = sum(r["runs"][name].get("multi_token_passes", 0) for r in records)
-        largest = max((r["runs"][name].get("largest_pass", 1) for r in records), default=1)
+        ran = [r for r in records if name in r["runs"]]  # a prediction: its prompts only
+        same = sum(r["runs"][name]["identical"] for r in ran)
+        multi = sum(r["runs"][name].get("multi_token_passes", 0) for r in ran)
+        largest = max((r["runs"][name].get("largest_pass", 1) for r in ran), default=1)
         diffs = [
             f"{r['id']}: {r['runs'][name]['first_difference']}"
-            for r in records
+            for r in ran
             if not r["runs"][name]["identical"]
         ]
         lines.append(
-            f"| {name} | {same}/{len(records)} | {multi if name != 'plain' else '-'} | "
+            f"| {name} | {same}/{len(ran)} | {multi if name != 'plain' else '-'} | "
             f"{largest if name not in ('plain', 'llama-cpp-python') else 1} | "
             f"{'; '.join(diffs) or '-'} |"
         )
@@ -146,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 
     from specdec.drafters.planned import PlannedSuffixDrafter
+    from specdec.drafters.prediction import PredictionDrafter
     from specdec.drafters.suffix import SuffixDrafter
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM
@@ -173,7 +190,15 @@ def main(argv: list[str] | None = None) -> int:
         if prompt.id in done:
             continue
         t0 = time.perf_counter()
-        runs = run_prompt(target, other, drafters, ids, args.new_tokens)
+        these = dict(drafters)
+        if prompt.prediction is not None:  # drafted from the prediction, else planned
+            predicted = target.tokenizer.encode(prompt.prediction, add_special_tokens=False)
+            fallback = PlannedSuffixDrafter(SuffixDrafter(), costs)
+            these["prediction"] = (
+                PredictionDrafter(predicted, costs=costs, fallback=fallback),
+                PLANNED_K,
+            )
+        runs = run_prompt(target, other, these, ids, args.new_tokens)
         rec = {
             "id": prompt.id,
             "category": prompt.category,
