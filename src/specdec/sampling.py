@@ -60,7 +60,14 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         # torch.argmax returns the first maximal index: a deterministic tie-break.
         idx = torch.argmax(x, dim=-1, keepdim=True)  # [..., 1]
         return torch.zeros_like(x).scatter_(-1, idx, 1.0)
-    x = x / cfg.temperature
+    scaled = x / cfg.temperature
+    if torch.isposinf(scaled).any() or torch.isnan(scaled).any():
+        # a temperature so small (below ~1e-38; float32 holds no smaller) that logits / T
+        # overflow: the row is then its limit T -> 0, all mass on the maximal logits (every
+        # other one is more than 1e30 below them after scaling), instead of NaN
+        top = x == x.amax(dim=-1, keepdim=True)
+        scaled = torch.where(top, 0.0, float("-inf"))
+    x = scaled
     vocab = x.shape[-1]
     if 0 < cfg.top_k < vocab:
         kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]  # [..., 1]

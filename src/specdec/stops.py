@@ -36,6 +36,12 @@ def check_stops(stops: str | Iterable[str] | None, *, limit: int | None = None) 
             raise ConfigError("a stop string is empty (it would stop before the first token)")
         if len(s) > MAX_STOP_CHARS:
             raise ConfigError(f"a stop string is longer than {MAX_STOP_CHARS} characters")
+        bad = next((i for i, ch in enumerate(s) if 0xD800 <= ord(ch) <= 0xDFFF), None)
+        if bad is not None:  # argv bytes that are not UTF-8, or a JSON \udXXX escape
+            raise ConfigError(
+                f"a stop string is not valid UTF-8 at character {bad}: generated text never "
+                "holds it, so it could never match"
+            )
     if limit is not None and len(items) > limit:
         raise ConfigError(f"at most {limit} stop strings are allowed, got {len(items)}")
     return tuple(dict.fromkeys(items))

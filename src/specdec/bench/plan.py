@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec.bench.configs import BenchConfig, default_matrix, quick_matrix
+from specdec.bounds import check_range, check_seed
 from specdec.errors import ConfigError
 from specdec.prompt_sets import SPEC_BENCH_CATEGORIES, Prompt
 from specdec.sampling import SamplingConfig
@@ -25,6 +26,11 @@ MODES: dict[str, SamplingConfig] = {
     "sampled": SamplingConfig(temperature=1.0),
 }
 CHAT_CHOICES = ("auto", "on", "off")
+
+
+MAX_K = 1024  # drafts per round in a sweep
+MAX_COUNT = 100_000  # repeats, profiler repeats and sizes
+MAX_GENERATIONS = 1_000_000  # per configuration: years of work on any machine
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class BenchPlan:
             raise ConfigError("no configurations to benchmark")
         if not self.ks or any(k < 1 for k in self.ks):
             raise ConfigError(f"the K sweep needs values >= 1 (K = 0 always runs), got {self.ks}")
+        if max(self.ks) > MAX_K:
+            raise ConfigError(f"K must be at most {MAX_K} in a sweep, got {max(self.ks)}")
         if len(set(self.ks)) != len(self.ks):
             raise ConfigError(f"duplicate K values in {self.ks}")
         bad = [m for m in self.modes if m not in MODES]
@@ -75,6 +83,14 @@ class BenchPlan:
         ):
             if value < low:
                 raise ConfigError(f"{name} must be >= {low}, got {value}")
+        check_seed(self.seed)
+        for name, value in (
+            ("repeats", self.repeats),
+            ("profile_repeats", self.profile_repeats),
+            ("verify_max", self.verify_max),
+            ("profile_context_tokens", self.profile_context_tokens),
+        ):
+            check_range(value, name, 1, MAX_COUNT)
         if self.chat not in CHAT_CHOICES:
             raise ConfigError(f"chat must be one of {', '.join(CHAT_CHOICES)}, got {self.chat!r}")
 
@@ -155,7 +171,14 @@ def k_order(
 def measurements(
     plan: BenchPlan, config: BenchConfig, prompts: Sequence[Prompt]
 ) -> list[Measurement]:
-    """All measurements of one configuration, in run order (repeat, prompt, mode, K)."""
+    """All measurements of one configuration, in run order (repeat, prompt, mode, K); a plan
+    larger than MAX_GENERATIONS is refused before anything is listed."""
+    n = plan.repeats * len(prompts) * len(plan.modes) * (len(config_ks(plan, config)) + 1)
+    if n > MAX_GENERATIONS:
+        raise ConfigError(
+            f"{config.label}: the plan asks for {n:,} generations (limit {MAX_GENERATIONS:,}): "
+            "lower --repeats, the K sweep or the prompts"
+        )
     out = []
     for repeat in range(plan.repeats):
         for prompt in prompts:

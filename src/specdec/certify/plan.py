@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from specdec.bounds import check_scale
 from specdec.errors import ConfigError
 
 from .mock_level import Level2Config
@@ -88,8 +89,7 @@ def make_plan(
     """
     if not 0.0 < alpha < 0.5:
         raise ConfigError(f"--alpha must be in (0, 0.5), got {alpha}")
-    if not scale > 0:
-        raise ConfigError(f"--scale must be > 0, got {scale}")
+    check_scale(scale)  # finite: inf or 1e300 would overflow the sample sizes
     for name, v in (("-k", k), ("--seeds", seeds), ("--n-prompts", n_prompts)):
         if v is not None and v < (0 if name == "-k" else 1):
             raise ConfigError(f"{name} must be >= {0 if name == '-k' else 1}, got {v}")

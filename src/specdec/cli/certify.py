@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from specdec.cli import command_help
-from specdec.cli.common import add_model_args, check_draft_window, model_configs, quiet_libraries
+from specdec.cli.common import add_model_args, check_common, model_configs, quiet_libraries
 from specdec.cli.endpoint import add_certify_args as add_endpoint_args
 from specdec.cli.endpoint import run_certify as run_endpoint_certify
 from specdec.errors import ConfigError
@@ -187,7 +187,7 @@ def _windowed(label: str | None, window: int | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_draft_window(args)
+    check_common(args)  # --seed, --threads, --n-ctx, --draft-window: as generate checks them
     if args.endpoint or args.endpoint_off:  # a running server (docs/endpoint.md)
         if args.draft_window is not None:
             raise ConfigError("--draft-window applies to the models certify loads, not to a server")

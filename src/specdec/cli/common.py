@@ -7,6 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from specdec.bounds import MAX_LIST, check_n_ctx, check_seed, check_threads
 from specdec.configuration import MACHINE_DEFAULT, model_refs
 from specdec.errors import ConfigError
 from specdec.models.loader import BACKENDS, DEVICES, DTYPES, ModelConfig
@@ -129,7 +130,8 @@ def read_text_file(path: str, flag: str) -> str:
 
 
 def parse_int_list(text: str, what: str) -> tuple[int, ...]:
-    """'1,2,4' or '1-8' or '1-4,6,8' -> ints, in the given order."""
+    """'1,2,4' or '1-8' or '1-4,6,8' -> ints, in the given order (at most MAX_LIST of
+    them: a range is measured before it is expanded)."""
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -141,9 +143,13 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
                 a, b = int(lo), int(hi)
                 if a > b:
                     raise ConfigError(f"bad {what} range {part!r}")
+                if len(out) + b - a + 1 > MAX_LIST:
+                    raise ConfigError(f"the {what} list {text!r} has more than {MAX_LIST:,} values")
                 out.extend(range(a, b + 1))
             else:
                 out.append(int(part))
+        except ConfigError:
+            raise
         except ValueError as e:
             raise ConfigError(f"bad {what} list {text!r}: use e.g. 1,2,4 or 1-8") from e
     if not out:
@@ -151,20 +157,13 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-SEED_LIMIT = 2**63  # torch generators take seeds below 2^64; JSON and numpy need < 2^63
-
-
 def check_common(args: argparse.Namespace) -> None:
-    """Bounds of the shared numeric flags, before anything is loaded."""
-    if getattr(args, "threads", None) is not None and args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-    n_ctx = getattr(args, "n_ctx", None)
-    if n_ctx is not None and n_ctx < 2:
-        raise ConfigError(f"--n-ctx must be >= 2, got {n_ctx}")
+    """Bounds of the shared numeric flags, before anything is loaded (specdec.bounds: the
+    same rules for every subcommand; a subcommand's default of None is not checked)."""
+    check_threads(getattr(args, "threads", None))
+    check_n_ctx(getattr(args, "n_ctx", None))
     check_draft_window(args)
-    seed = getattr(args, "seed", None)  # None: the subcommand's own default
-    if seed is not None and not 0 <= seed < SEED_LIMIT:
-        raise ConfigError(f"--seed must be in 0..2^63-1, got {seed}")
+    check_seed(getattr(args, "seed", None))
 
 
 def check_draft_window(args: argparse.Namespace) -> None:

@@ -145,10 +145,11 @@ def render(result: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.cli.common import quiet_libraries
+    from specdec.cli.common import check_common, quiet_libraries
     from specdec.jsonable import json_ready
     from specdec.profiler.run import run_profile
 
+    check_common(args)  # --threads, --n-ctx: as generate checks them
     quiet_libraries()
     spec = spec_from_args(args)
     result = run_profile(

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from specdec.bounds import check_scale
 from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.errors import EndpointError
 from specdec.endpoint.pairing import Sides, check_off_reply, open_clients, probe_switch
@@ -144,9 +145,8 @@ def make_plan(
         else {}
     )
     base.update({k: v for k, v in overrides.items() if v is not None})
+    check_scale(scale)  # finite: inf or 1e300 would overflow the sample count
     if scale != 1.0:
-        if scale <= 0:
-            raise ConfigError(f"scale must be > 0, got {scale}")
         n = base.get("samples", EndpointCertifyPlan.samples)
         base["samples"] = max(2, round(n * scale))
     return EndpointCertifyPlan(prompts=tuple(prompts), **base)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -58,12 +59,15 @@ class EndpointConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", normalise_url(self.url))
-        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
-            raise EndpointError("timeouts must be > 0 seconds")
+        timeouts = (self.timeout_s, self.connect_timeout_s)
+        if not all(math.isfinite(t) and t > 0 for t in timeouts):
+            raise EndpointError("timeouts must be finite and > 0 seconds")
         if self.retries < 0:
             raise EndpointError(f"retries must be >= 0, got {self.retries}")
-        if self.max_rps is not None and self.max_rps <= 0:
-            raise EndpointError(f"the request rate must be > 0 per second, got {self.max_rps}")
+        if self.max_rps is not None and not (math.isfinite(self.max_rps) and self.max_rps > 0):
+            raise EndpointError(
+                f"the request rate must be finite and > 0 per second, got {self.max_rps}"
+            )
         if self.api not in ("completions", "chat"):
             raise EndpointError(f"api must be completions or chat, got {self.api!r}")
 

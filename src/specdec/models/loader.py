@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.bounds import check_n_ctx, check_threads
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.base import CausalLM
 
@@ -46,8 +47,8 @@ class ModelConfig:
             raise ConfigError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.n_ctx < 2:
-            raise ConfigError(f"n_ctx must be >= 2, got {self.n_ctx}")
+        check_n_ctx(self.n_ctx, "n_ctx")
+        check_threads(self.n_threads, "n_threads")  # bench --config n_threads=0 included
         if self.exact and self.resolved_backend() == "hf":
             raise ConfigError(
                 "exact numerics are a mode of the llama.cpp backend: transformers' CPU "

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from specdec.bounds import check_n_ctx, check_threads
 from specdec.decoding import generate
 from specdec.drafters.base import Drafter
 from specdec.drafters.planned import PlannedSuffixDrafter
@@ -97,6 +98,10 @@ class ProfileSpec:
             raise ConfigError(f"the probe needs at least 2 new tokens, got {self.n_new}")
         if any(k < 1 for k in (*self.k_model, *self.k_free)):
             raise ConfigError("profiled K values must be >= 1")
+        if self.check_top < 0:
+            raise ConfigError(f"--check-top must be >= 0, got {self.check_top}")
+        check_threads(self.n_threads)
+        check_n_ctx(self.n_ctx)
 
     def settings(self) -> dict[str, Any]:
         """Everything besides the models and prompts that the numbers depend on."""

@@ -15,10 +15,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from specdec.bounds import SEED_LIMIT  # as the CLI
 from specdec.serve.errors import FieldError
 
 MAX_STOPS = 4  # OpenAI's limit
-SEED_LIMIT = 2**63  # as the CLI: torch takes seeds below 2^64, JSON and numpy need < 2^63
 
 StopField = Annotated[
     str | list[str] | None,
