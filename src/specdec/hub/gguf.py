@@ -7,7 +7,7 @@ import math
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.errors import ModelLoadError
@@ -22,10 +22,30 @@ _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 1
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
 _MAX_COUNT = 1 << 24
 _INT_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 10: "Q", 11: "q"}
-_ARCH_INTS = ("block_count", "context_length", "embedding_length")
-_HEAD_INTS = ("attention.head_count", "attention.head_count_kv")
 _MAX_DIMS = 8
-_MAX_LAYERS = 4096  # no released model comes near; llama.cpp aborts on absurd counts
+# what llama.cpp's load_hparams asserts on (GGML_ASSERT: the process aborts, exit 134, nothing
+# printed): llama-hparams.h LLAMA_MAX_LAYERS / LLAMA_MAX_EXPERTS, llama-model.cpp (0.3.36)
+LLAMA_MAX_LAYERS = 512
+LLAMA_MAX_EXPERTS = 1024
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+# "{arch}.<name>" integer metadata read from the header (scalars; the maximum of an array)
+_INT_KEYS = (
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "expert_count",
+    "expert_used_count",
+    "expert_group_count",
+    "expert_group_used_count",
+    "nextn_predict_layers",
+    "posnet.block_count",
+    "convnext.block_count",
+)
+_INT_SUFFIXES = tuple(f".{k}".encode() for k in _INT_KEYS)
+_ROPE_SCALING_SUFFIX = b".rope.scaling.type"
+_MAX_INT_ARRAY = 1 << 16  # a per-layer array longer than this is only skipped
 
 
 @dataclass(frozen=True)
@@ -45,6 +65,12 @@ class GGUFHeader:
     embedding_length: int | None = None
     head_count: int | None = None
     head_count_kv: int | None = None
+    ints: dict[str, int] = field(default_factory=dict)  # every "{arch}.<name>" of _INT_KEYS
+    rope_scaling_type: str | None = None
+
+    def meta(self, name: str) -> int | None:
+        """The integer metadata "{arch}.<name>" (the largest entry of a per-layer array)."""
+        return self.ints.get(name)
 
     def kv_bytes_per_token(self) -> int | None:
         """f16 K and V cache bytes per context position (None when the metadata lacks a
@@ -93,6 +119,24 @@ class _Cursor:
             self.order + fmt, self.buf, self.skip(_SCALAR_SIZES[vtype])
         )[0]
         return value
+
+    def int_array_max(self) -> int | None:
+        """The largest entry of an integer array (None, after skipping it, for another array or
+        an empty one)."""
+        etype, count = self.u32(), self.u64()
+        fmt = _INT_FORMATS.get(etype)
+        if fmt is None or count > _MAX_INT_ARRAY:
+            if etype in _SCALAR_SIZES:
+                self.skip(count * _SCALAR_SIZES[etype])
+                return None
+            if count > self.size:
+                raise _BadHeader(f"array of {count} items at byte {self.pos}")
+            for _ in range(count):
+                self.skip_value(etype, 1)
+            return None
+        start = self.skip(count * _SCALAR_SIZES[etype])
+        values = struct.unpack_from(f"{self.order}{count}{fmt}", self.buf, start)
+        return max(values, default=None)
 
     def string(self) -> bytes:
         n = self.u64()
@@ -150,24 +194,19 @@ def _parse_gguf(buf: mmap.mmap) -> GGUFHeader:
     alignment = 32
     arch = ""
     ints: dict[str, int] = {}  # "{arch}.<name>" integer metadata, resolved after the loop
+    strings: dict[str, str] = {}
     for _ in range(n_kv):
         key, vtype = cur.string(), cur.u32()
         if key == b"general.alignment" and vtype == _UINT32:
             alignment = cur.u32()
         elif key == b"general.architecture" and vtype == _STRING:
             arch = cur.string().decode("utf-8", "replace")
-        elif key.endswith(
-            (
-                b".block_count",
-                b".context_length",
-                b".embedding_length",
-                b".attention.head_count",
-                b".attention.head_count_kv",
-            )
-        ):
-            value = cur.integer(vtype)
+        elif key.endswith(_INT_SUFFIXES):
+            value = cur.int_array_max() if vtype == _ARRAY else cur.integer(vtype)
             if value is not None:
                 ints[key.decode("utf-8", "replace")] = value
+        elif key.endswith(_ROPE_SCALING_SUFFIX) and vtype == _STRING:
+            strings[key.decode("utf-8", "replace")] = cur.string().decode("utf-8", "replace")
         else:
             cur.skip_value(vtype)
     if alignment <= 0 or alignment & (alignment - 1):
@@ -206,6 +245,8 @@ def _parse_gguf(buf: mmap.mmap) -> GGUFHeader:
         embedding_length=meta("embedding_length"),
         head_count=meta("attention.head_count"),
         head_count_kv=meta("attention.head_count_kv"),
+        ints={k: v for k in _INT_KEYS if (v := meta(k)) is not None},
+        rope_scaling_type=strings.get(f"{arch}.rope.scaling.type"),
     )
 
 
@@ -243,13 +284,11 @@ def check_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
 
 
 def check_metadata(path: Path, header: GGUFHeader) -> None:
-    """Crafted or inconsistent model metadata, caught before llama.cpp acts on it (it aborts
-    the process, or allocates what the metadata asks for)."""
-    if header.block_count is not None and not 0 <= header.block_count <= _MAX_LAYERS:
-        raise ModelLoadError(
-            f"{path}: corrupt GGUF metadata: {header.architecture}.block_count = "
-            f"{header.block_count}"
-        )
+    """Crafted or inconsistent model metadata, caught before llama.cpp acts on it: it aborts
+    the process on what ``check_llama_hparams`` names, and allocates what the rest asks for."""
+    problem = check_llama_hparams(header)
+    if problem is not None:
+        raise ModelLoadError(f"{path}: corrupt GGUF metadata: {header.architecture}.{problem}")
     if header.block_count is not None and header.layers and header.block_count != header.layers:
         raise ModelLoadError(
             f"{path}: corrupt GGUF metadata: {header.architecture}.block_count says "
@@ -273,3 +312,48 @@ def check_metadata(path: Path, header: GGUFHeader) -> None:
             f"{path}: corrupt GGUF metadata: {header.architecture}.attention.head_count_kv = "
             f"{header.head_count_kv} (head_count {header.head_count})"
         )
+
+
+def check_llama_hparams(h: GGUFHeader) -> str | None:
+    """What llama.cpp's ``load_hparams`` asserts on (it aborts the process, exit 134, with
+    nothing on stderr), as "<key> = <value> (<rule>)"; None when all hold. The rules are
+    llama.cpp's own, in its order (llama-model.cpp, llama-cpp-python 0.3.36)."""
+    layers = h.block_count
+    if layers is not None and not 1 <= layers <= LLAMA_MAX_LAYERS:
+        return f"block_count = {layers} (llama.cpp allows 1..{LLAMA_MAX_LAYERS})"
+    n_layers = layers or 0
+    checked = ["nextn_predict_layers"]
+    if h.architecture == "wavtokenizer-dec":  # the only architecture that reads these
+        checked += ["posnet.block_count", "convnext.block_count"]
+    for name in checked:
+        value = h.meta(name)
+        if value is not None and not 0 <= value <= n_layers:
+            return f"{name} = {value} (more than block_count {n_layers})"
+    experts = h.meta("expert_count") or 0
+    if h.architecture in ("hunyuan_vl", "hunyuan-dense") and experts <= 1:
+        return None  # llama.cpp treats these as dense and ignores the expert counts
+    used = h.meta("expert_used_count") or 0
+    groups = h.meta("expert_group_count") or 0
+    group_used = h.meta("expert_group_used_count") or 0
+    if not 0 <= experts <= LLAMA_MAX_EXPERTS:
+        return f"expert_count = {experts} (llama.cpp allows 0..{LLAMA_MAX_EXPERTS})"
+    if not 0 <= used <= experts:
+        return f"expert_used_count = {used} (more than expert_count {experts})"
+    if experts > 0:
+        if used == 0:
+            return f"expert_used_count = 0 (expert_count is {experts})"
+        if not 0 <= groups < experts:
+            return f"expert_group_count = {groups} (expert_count is {experts})"
+        if groups > 1 and (experts % groups or not 0 < group_used < groups):
+            return (
+                f"expert_group_used_count = {group_used} (expert_count {experts} in "
+                f"{groups} groups)"
+            )
+    elif groups != 0:
+        return f"expert_group_count = {groups} (expert_count is 0)"
+    if h.rope_scaling_type is not None and h.rope_scaling_type not in ROPE_SCALING_TYPES:
+        return (
+            f"rope.scaling.type = {h.rope_scaling_type!r} (llama.cpp knows "
+            f"{', '.join(ROPE_SCALING_TYPES)})"
+        )
+    return None
