@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from specdec import hub
 from specdec.cli import command_help
@@ -22,8 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--cache-dir",
-        type=Path,
-        default=None,
+        default=None,  # a str: an empty value stays empty (an error), not "." (the cwd)
         help=f"model cache directory (default: ${hub.CACHE_ENV} or ~/.cache/specdec/models)",
     )
     actions = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
@@ -75,7 +73,7 @@ def _list(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    cache = args.cache_dir or hub.default_cache_dir()
+    cache = hub.cache_root(args.cache_dir)
     print(f"\ncache: {cache}")
     return 0
 

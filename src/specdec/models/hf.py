@@ -7,7 +7,6 @@ import hashlib
 import inspect
 import json
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.hub.paths import default_cache_dir
+from specdec.hub.safe_paths import fresh_dir, real_dir, refuse_link, remove_tree
 from specdec.models.base import check_extend_args, check_truncate_args
 
 
@@ -126,6 +126,8 @@ def _load_from_gguf(gguf: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
 
     check_gguf_header(gguf)
     cached = converted_dir_for(gguf)
+    real_dir(cached.parent.parent, cached.parent.name)  # hf-converted: never a planted link
+    refuse_link(cached)
     if (cached / "specdec-converted.json").exists():
         return _load_dir(cached, torch_dtype)
     try:
@@ -143,8 +145,7 @@ def _load_from_gguf(gguf: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
         raise ModelLoadError(f"transformers could not load GGUF {gguf}: {e}") from e
     check_dense(model, gguf)
     # fp32 keeps the dequantized weights exact; other dtypes are cast at load time
-    tmp = cached.with_name(cached.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = fresh_dir(cached.with_name(cached.name + ".partial"))  # a planted link is not followed
     model.hf_quantizer = None
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
@@ -154,7 +155,7 @@ def _load_from_gguf(gguf: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
     cfg.pop("quantization_config", None)
     cfg_path.write_text(json.dumps(cfg, indent=2))
     (tmp / "specdec-converted.json").write_text(json.dumps({"source": str(gguf)}))
-    shutil.rmtree(cached, ignore_errors=True)
+    remove_tree(cached)
     os.replace(tmp, cached)
     return model.to(torch_dtype), tok
 

@@ -69,13 +69,14 @@ def _sidecar(path: Path) -> Path:
 
 def _cached(path: Path, source_sha: str, ftype: str, pure: bool) -> dict[str, Any] | None:
     from specdec.hub import sha256_file
+    from specdec.hub.safe_paths import read_regular
 
-    side = _sidecar(path)
-    if not (path.is_file() and side.is_file()):
+    raw = read_regular(_sidecar(path), 1 << 20)  # never a FIFO or a device
+    if not path.is_file() or raw is None:
         return None
     try:
-        meta = json.loads(side.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        meta = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
         return None
     if not isinstance(meta, dict):
         return None
@@ -125,8 +126,12 @@ def requantize(
     params.ftype = getattr(low, FTYPES[ftype])
     params.allow_requantize = True
     params.pure = pure
-    out.parent.mkdir(parents=True, exist_ok=True)
+    from specdec.hub.safe_paths import real_dir, refuse_link, remove_tree, write_new
+
+    real_dir(out.parent.parent, out.parent.name)  # a link planted there is refused
+    refuse_link(out)
     partial = out.with_name(out.name + ".partial")
+    remove_tree(partial)  # a planted link is removed, not written through
     t0 = time.perf_counter()
     rc = low.llama_model_quantize(
         str(src).encode("utf-8"), str(partial).encode("utf-8"), ctypes.byref(params)
@@ -147,5 +152,5 @@ def requantize(
         "size": out.stat().st_size,
         "llama_cpp_python": version,
     }
-    _sidecar(out).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    write_new(_sidecar(out), (json.dumps(meta, indent=1) + "\n").encode("utf-8"))
     return Requantized(out, sha, out.stat().st_size, src, source_sha, ftype, pure, seconds, False)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.hub.paths import default_cache_dir
+from specdec.hub.safe_paths import read_regular, real_dir, write_new
 from specdec.machine import cpu_model, package_versions
 from specdec.theory import Costs
 
@@ -70,6 +71,7 @@ def profile_key(
 
 
 PROFILE_DIR_ENV = "SPECDEC_PROFILES"
+_MAX_PROFILE_BYTES = 64 << 20
 
 
 def profile_dir(root: Path | None = None) -> Path:
@@ -84,9 +86,12 @@ def profile_dir(root: Path | None = None) -> Path:
 
 def load_cached(key: str, root: Path | None = None) -> dict[str, Any] | None:
     path = profile_dir(root) / f"{key}.json"
+    raw = read_regular(path, _MAX_PROFILE_BYTES)  # a FIFO or device there is no profile
+    if raw is None:
+        return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) and data.get("key") == key else None
 
@@ -94,9 +99,7 @@ def load_cached(key: str, root: Path | None = None) -> dict[str, Any] | None:
 def save(key: str, data: Mapping[str, Any], root: Path | None = None) -> Path:
     """Write atomically (a half-written profile is never read)."""
     d = profile_dir(root)
-    d.mkdir(parents=True, exist_ok=True)
+    d = real_dir(d.parent, d.name)  # a link planted there is refused, not followed
     path = d / f"{key}.json"
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**data, "key": key}, indent=1))  # inf costs stay inf
-    os.replace(tmp, path)
+    write_new(path, json.dumps({**data, "key": key}, indent=1).encode())  # inf costs stay inf
     return path
