@@ -37,6 +37,7 @@ from importlib import resources
 from pathlib import Path
 
 from specdec.errors import ConfigError
+from specdec.textfiles import parse_json, read_text
 
 MT_BENCH_SUBCATEGORIES = (
     "writing",
@@ -200,10 +201,7 @@ def _load_jsonl(path: Path, lines: Sequence[str]) -> list[Prompt]:
         if not line.strip():
             continue
         where = f"{path}:{i}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{where}: not valid JSON ({e.msg})") from e
+        rec = parse_json(line, where)
         if not isinstance(rec, dict):
             raise ConfigError(f"{where}: each line must be a JSON object")
         text = _text_of(rec, where)
@@ -227,12 +225,7 @@ def load_prompt_file(path: str | Path) -> list[Prompt]:
     named = load_named_set(str(path))  # other packaged sets by bare name only
     if named is not None:
         return named
-    try:
-        content = p.read_text(encoding="utf-8")
-    except FileNotFoundError as e:
-        raise ConfigError(f"prompt file {p} not found") from e
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read prompt file {p}: {e}") from e
+    content = read_text(p, "prompt file")  # bounded: /dev/zero is an error, not a hang
     lines = content.splitlines()
     first = next((ln.strip() for ln in lines if ln.strip()), "")
     if p.suffix == ".jsonl" or first.startswith("{"):

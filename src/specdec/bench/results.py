@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.record_types import record_problem
 from specdec.errors import ConfigError
+from specdec.textfiles import loads_or_none, require_regular
 
 SCHEMA_VERSION = 1
 Key = tuple[str, str, str, int, int]  # (config, mode, prompt_id, repeat, k)
@@ -77,15 +79,15 @@ def parse_records(lines: Iterable[str], ends_with_newline: bool = True) -> Resul
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError("not an object")
-        except ValueError:
+        rec = loads_or_none(line)  # deeply nested JSON included
+        if not isinstance(rec, dict):
             if i == len(lines) and not ends_with_newline:
                 res.partial_tail = True
             else:
                 res.bad_lines.append(i)
+            continue
+        if record_problem(rec) is not None:  # right names, wrong types: unreadable
+            res.bad_lines.append(i)
             continue
         kind = rec.get("type")
         if kind == "header":
@@ -112,10 +114,9 @@ def parse_records(lines: Iterable[str], ends_with_newline: bool = True) -> Resul
 def read_results(path: str | Path) -> Results:
     """Read a results file, tolerating a partial last line (and counting other bad lines)."""
     p = Path(path)
+    require_regular(p, "results file")  # a FIFO or /dev/zero: an error, not a hang
     try:
         data = p.read_bytes()
-    except FileNotFoundError as e:
-        raise ConfigError(f"results file {p} not found") from e
     except OSError as e:
         raise ConfigError(f"cannot read results file {p}: {e}") from e
     text = data.decode("utf-8", errors="replace")
@@ -132,7 +133,7 @@ def _repair_tail(path: Path) -> bool:
         tail = data[cut:]
         try:
             json.loads(tail.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
             f.truncate(cut)
             f.flush()
             os.fsync(f.fileno())
@@ -177,13 +178,33 @@ def _holds_no_results(p: Path) -> bool:
     return not (res.measurements or res.profiles or res.skips or res.bad_lines or res.partial_tail)
 
 
+def check_own_file(p: Path, header_type: str) -> None:
+    """ConfigError unless the first record of ``p`` is a ``header_type`` record: --resume
+    appends only to a file this kind of run wrote (not to another tool's file, nor a local
+    bench's file to an endpoint run or back)."""
+    require_regular(p, "results file")
+    with p.open("rb") as f:
+        first = b""
+        while not first.strip():
+            first = f.readline(1 << 20)
+            if not first:
+                return  # blank: nothing to protect
+    rec = loads_or_none(first)
+    if not (isinstance(rec, dict) and rec.get("type") == header_type):
+        raise ConfigError(
+            f"{p} was not written by this kind of specdec bench run (its first line is not a "
+            f"{header_type!r} record): refusing to append to it; choose another --out"
+        )
+
+
 def open_for_append(
-    path: str | Path, *, resume: bool, overwrite: bool
+    path: str | Path, *, resume: bool, overwrite: bool, header_type: str = "header"
 ) -> tuple[ResultsWriter, Results, bool]:
     """Open the results file for a run: (writer, what was already there, partial line cut).
 
     Without resume or overwrite an existing non-empty file is an error (nothing is lost by
-    accident); with resume its records are read back so finished measurements are skipped.
+    accident); with resume its records are read back so finished measurements are skipped,
+    and only from a file whose first record is a ``header_type`` record.
     """
     p = Path(path)
     existing = Results()
@@ -192,6 +213,7 @@ def open_for_append(
         p.unlink()  # only session headers (a run that failed before measuring): nothing to lose
     if p.exists() and p.stat().st_size > 0:
         if resume:
+            check_own_file(p, header_type)  # before anything in it is touched
             cut = _repair_tail(p)
             existing = read_results(p)
         elif overwrite:

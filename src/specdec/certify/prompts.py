@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from specdec.errors import ConfigError
+from specdec.textfiles import parse_json, read_text
 
 BUILTIN = "builtin"
 SPEC_BENCH = "spec_bench"
@@ -33,21 +33,15 @@ def _spread(items: list[str], n: int) -> list[str]:
 
 def _read_file(path: Path) -> list[str]:
     """JSONL (fields prompt | turns[0] | text) or plain text, one prompt per line."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError as e:
-        raise ConfigError(f"prompt file {path} not found") from e
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read prompt file {path}: {e}") from e
+    lines = read_text(path, "prompt file").splitlines()  # bounded, UTF-8 checked
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{i}: not valid JSON ({e.msg})") from e
+            rec = parse_json(line, f"{path}:{i}")
+            if not isinstance(rec, dict):
+                raise ConfigError(f"{path}:{i}: each JSON line must be an object")
             turns = rec.get("turns")
             text = rec.get("prompt") or (turns[0] if isinstance(turns, list) and turns else None)
             text = text or rec.get("text")

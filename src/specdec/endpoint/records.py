@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from specdec.errors import ConfigError
+from specdec.textfiles import loads_or_none, require_regular
 
 GroupKey = tuple[str, int, int, int, str]  # (mode, concurrency, repeat, group, side)
 
@@ -16,16 +18,14 @@ GroupKey = tuple[str, int, int, int, str]  # (mode, concurrency, repeat, group, 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Every complete JSON object line of a results file (a partial last line is ignored)."""
     p = Path(path)
+    require_regular(p, "results file")  # a FIFO or /dev/zero: an error, not a hang
     try:
         text = p.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError as e:
-        raise ConfigError(f"results file {p} not found") from e
+    except OSError as e:
+        raise ConfigError(f"cannot read results file {p}: {e.strerror or e}") from e
     out = []
     for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
+        rec = loads_or_none(line)  # deeply nested JSON included
         if isinstance(rec, dict):
             out.append(rec)
     return out
@@ -48,8 +48,10 @@ def finished_groups(records: Sequence[dict[str, Any]]) -> set[GroupKey]:
 def is_endpoint_results(path: str | Path) -> bool:
     """True when the file's first record is a ``specdec bench --endpoint`` header."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False  # not a results file at all: the local reader says so in one line
         with Path(path).open(encoding="utf-8", errors="replace") as f:
-            first = f.readline()
+            first = f.readline(1 << 20)
     except OSError:
         return False
     return '"type":"endpoint_header"' in first.replace(" ", "")
