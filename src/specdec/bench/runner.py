@@ -31,6 +31,7 @@ from specdec.bench.configs import BenchConfig
 from specdec.bench.plan import MODES, BenchPlan, Measurement, config_ks, measurements
 from specdec.bench.profile import profile_config
 from specdec.bench.results import SCHEMA_VERSION, Results, ResultsWriter, open_for_append
+from specdec.credentials import redact_argv
 from specdec.decoding import GenerationResult, as_drafter, generate
 from specdec.drafters import NgramDrafter
 from specdec.drafters.base import Drafter
@@ -107,7 +108,7 @@ def header_record(
         "schema": SCHEMA_VERSION,
         "session": session,
         "started": _now(),
-        "argv": list(argv) if argv is not None else None,
+        "argv": redact_argv(argv) if argv is not None else None,  # no API key on disk
         "machine": machine_info(),
         "versions": package_versions(),
         "git": git_commit(),

@@ -7,12 +7,10 @@ loading the HTTP client or the statistics.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from typing import Any
 
-API_KEY_ENV = "SPECDEC_API_KEY"
 BENCH_OUT = "runs/bench-endpoint.jsonl"
 DEFAULT_CONCURRENCY = "1,2,4,8"
 QUICK_CONCURRENCY = "1,2"
@@ -52,7 +50,14 @@ def _add_common(p: argparse.ArgumentParser, *, default_api: str) -> argparse._Ar
         "--api-key",
         metavar="KEY",
         default=None,
-        help=f"sent as 'Authorization: Bearer KEY' (default ${API_KEY_ENV}, else none)",
+        help="sent as 'Authorization: Bearer KEY' (default: --api-key-file, else "
+        "$SPECDEC_API_KEY, else none); never written to the results",
+    )
+    g.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        default=None,
+        help="read the API key from the first line of FILE (kept out of the process list)",
     )
     g.add_argument(
         "--timeout", type=float, default=120.0, metavar="S", help="seconds per request (120)"
@@ -135,12 +140,20 @@ def _precheck(args: argparse.Namespace) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
+    from specdec.credentials import read_api_key, redact_url
     from specdec.endpoint.client import EndpointConfig
+    from specdec.errors import ConfigError
 
+    for flag, url in (("--endpoint", args.endpoint), ("--endpoint-off", args.endpoint_off)):
+        if url and redact_url(url) != url:
+            raise ConfigError(
+                f"{flag} holds a user name or password: give the key with --api-key-file or "
+                "$SPECDEC_API_KEY instead (a URL is recorded with the results)"
+            )
     return EndpointConfig(
         url=args.endpoint,
         model=args.endpoint_model,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=read_api_key(args.api_key, args.api_key_file),
         api=args.endpoint_api,
         timeout_s=args.timeout,
         retries=args.retries,

@@ -26,7 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdec.bench.plan import MAX_COUNT
 from specdec.bench.results import ResultsWriter, open_for_append
+from specdec.bounds import check_range, check_seed
+from specdec.credentials import redact_argv, redact_url
 from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.counters import has_known_series, metrics_counters
 from specdec.endpoint.pairing import (
@@ -43,6 +46,9 @@ from specdec.prompt_sets import Prompt
 SCHEMA = "specdec-endpoint-bench/1"
 MODES = ("greedy", "sampled")
 SAMPLED_TEMPERATURE = 1.0
+
+
+MAX_CONCURRENCY = 4096  # clients at once
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,9 @@ class EndpointBenchPlan:
             raise ConfigError(f"modes must be among {', '.join(MODES)}, got {self.modes}")
         if self.max_new_tokens < 1 or self.repeats < 1:
             raise ConfigError("max-new-tokens and repeats must be >= 1")
+        check_range(self.repeats, "repeats", 1, MAX_COUNT)
+        check_range(max(self.concurrency), "concurrency", 1, MAX_CONCURRENCY)
+        check_seed(self.seed)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -198,9 +207,9 @@ async def run_endpoint_bench(
             "type": "endpoint_header",
             "schema": SCHEMA,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "argv": list(argv),
-            "endpoint_on": sides.on.url,
-            "endpoint_off": sides.off.url if sides.off.url != sides.on.url else None,
+            "argv": redact_argv(argv),  # no API key on disk
+            "endpoint_on": redact_url(sides.on.url),
+            "endpoint_off": redact_url(sides.off.url) if sides.off.url != sides.on.url else None,
             "switch": sides.switch,
             "model": model_on,
             "model_off": model_off,
@@ -212,7 +221,9 @@ async def run_endpoint_bench(
                 "notes": list(check.notes),
             },
         }
-        writer, _, cut = open_for_append(out, resume=resume, overwrite=overwrite)
+        writer, _, cut = open_for_append(
+            out, resume=resume, overwrite=overwrite, header_type="endpoint_header"
+        )
         with writer:
             records = read_records(out) if resume else []
             if resume:
