@@ -18,9 +18,9 @@ MESSAGES = [
 ]
 
 HOSTILE = [
-    ("string repetition", "{{ 'a' * 10**10 }}", "repeats a sequence of 1 items"),
-    ("list repetition", "{{ ([1, 2] * 10**9) | length }}", "repeats a sequence of 2 items"),
-    ("huge power", "{% set n = 10 ** 7 %}{{ 2 ** n }}", "raises to the power 10000000"),
+    ("string repetition", "{{ 'a' * 10**10 }}", "a repetition of 1 items"),
+    ("list repetition", "{{ ([1, 2] * 10**9) | length }}", "a repetition of 2 items"),
+    ("huge power", "{% set n = 10 ** 7 %}{{ 2 ** n }}", "raising to the power 10000000"),
     (
         "nested loops without output",
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",

@@ -247,13 +247,19 @@ class Pair:
         system: str | None = None,
         raw: bool = False,
         chat: bool | None = None,
+        parse_special: bool = False,
     ) -> list[int]:
         """Prompt text and/or chat messages -> token ids; chat by default (the target's chat
         template when it has one, raw text otherwise). See ``stream`` for the arguments."""
         if raw and chat:
             raise ConfigError("raw=True and chat=True contradict each other")
         return encode_request(
-            self.target, prompt, messages=messages, system=system, chat=False if raw else chat
+            self.target,
+            prompt,
+            messages=messages,
+            system=system,
+            chat=False if raw else chat,
+            parse_special=parse_special,
         )
 
     def stream(
@@ -274,6 +280,7 @@ class Pair:
         stop_on_eos: bool = True,
         stop: str | Sequence[str] | None = None,
         prediction: str | Sequence[int] | None = None,
+        parse_special: bool = False,
     ) -> TextStream:
         """Start a generation; iterate the returned ``TextStream`` for text pieces.
 
@@ -303,6 +310,10 @@ class Pair:
                         without it: only the speed changes. ``result.prediction_tokens()``
                         (and ``stats``) count accepted / rejected prediction tokens. K caps
                         each draft (default 16); k=0 ignores the prediction.
+        parse_special:  read special-token text (such as ``<|im_end|>``) inside the chat
+                        messages as special tokens; by default a message's text is text, so
+                        it cannot end its turn or open another (a raw prompt is always
+                        parsed as it is).
         """
         sampling, stops = check_request(
             k=k,
@@ -313,7 +324,14 @@ class Pair:
             stop=stop,
         )
         if prompt is None or isinstance(prompt, str):
-            ids = self.encode(prompt, messages=messages, system=system, raw=raw, chat=chat)
+            ids = self.encode(
+                prompt,
+                messages=messages,
+                system=system,
+                raw=raw,
+                chat=chat,
+                parse_special=parse_special,
+            )
         elif messages is not None or system is not None:
             raise ConfigError("token ids are used as they are: no messages or system prompt")
         else:

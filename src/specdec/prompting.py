@@ -9,17 +9,22 @@ Two entry points:
   template (the text is the last user turn, after an optional system prompt and earlier
   turns); a model without one gets the raw text, silently, unless a system prompt or
   messages were given, which need a template and are an error there.
+
+In a chat prompt the text of every message is text: a special token's text typed inside it
+(``<|im_end|>``) is tokenized as plain characters, so it cannot end the turn or open another
+one (``specdec.templates``); ``parse_special=True`` opts in to parsing it. A raw prompt is
+the prompt itself and is parsed as it is, special tokens included (as llama.cpp does).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from specdec.errors import ConfigError, EmptyPromptError
 from specdec.models.base import CausalLM
+from specdec.textfiles import parse_json, read_text
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -32,13 +37,16 @@ def has_chat_template(model: CausalLM) -> bool:
     return callable(getattr(tok, "apply_chat", None)) and bool(getattr(tok, "chat_template", None))
 
 
-def encode_prompt(model: CausalLM, text: str, *, chat: bool = False) -> list[int]:
+def encode_prompt(
+    model: CausalLM, text: str, *, chat: bool = False, parse_special: bool = False
+) -> list[int]:
     """Token ids for ``text``; with chat=True the text is the user turn of a chat and the
     model's chat template (with the assistant header) is applied."""
     if not text.strip():
         raise EmptyPromptError("the prompt is empty")
+    check_text(text, "the prompt")
     if chat:
-        return _apply_chat(model, [{"role": "user", "content": text}])
+        return _apply_chat(model, [{"role": "user", "content": text}], parse_special)
     ids = model.tokenizer.encode(text, add_special_tokens=True)
     if not ids:
         raise EmptyPromptError("the prompt encodes to zero tokens")
@@ -64,21 +72,24 @@ def check_messages(obj: Any, *, source: str = "messages") -> list[Message]:
             raise ConfigError(
                 f"{source}[{i}] content must be a string, got {type(content).__name__}"
             )
+        check_text(content, f"{source}[{i}] content")
         out.append({**m, "role": role, "content": content})
     return out
 
 
 def read_messages(path: str | Path) -> list[Message]:
-    """The messages of a JSON file (a list of {role, content}), checked."""
-    try:
-        raw = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read the messages file {path}: {e}") from e
-    try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"the messages file {path} is not valid JSON: {e}") from e
-    return check_messages(obj, source=str(path))
+    """The messages of a JSON file (a list of {role, content}), checked; the file is read up
+    to MAX_TEXT_BYTES (a device or an endless pipe is an error, not a hang)."""
+    raw = read_text(path, "the messages file")
+    return check_messages(parse_json(raw, f"the messages file {path}"), source=str(path))
+
+
+def check_text(text: str, what: str) -> None:
+    """Text a tokenizer can take: no lone surrogates (the form bytes that are not UTF-8 take
+    in argv and in JSON's \\udXXX escapes), which no tokenizer can encode."""
+    bad = next((i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF), None)
+    if bad is not None:
+        raise ConfigError(f"{what} is not valid UTF-8 at character {bad}")
 
 
 def build_messages(
@@ -87,10 +98,12 @@ def build_messages(
     """The chat: the system prompt, then the messages, then ``text`` as the last user turn."""
     msgs = check_messages(list(messages)) if messages is not None else []
     if system is not None:
+        check_text(system, "the system prompt")
         if any(m["role"] == "system" for m in msgs):
             raise ConfigError("give the system prompt once: --system or in the messages")
         msgs.insert(0, {"role": "system", "content": system})
     if text is not None:
+        check_text(text, "the prompt")
         msgs.append({"role": "user", "content": text})
     if not any(m["content"].strip() for m in msgs if m["role"] != "system"):
         raise EmptyPromptError("the prompt is empty")
@@ -104,13 +117,15 @@ def encode_request(
     messages: Sequence[Message] | None = None,
     system: str | None = None,
     chat: bool | None = None,
+    parse_special: bool = False,
 ) -> list[int]:
     """Token ids for a generation request, chat by default.
 
     chat=None: the chat template when the model has one, else the raw text (silently);
     chat=True: the template, an error without one; chat=False: raw text only (a system
     prompt or messages are then an error). ``messages`` are earlier turns, ``text`` (when
-    given) the last user turn.
+    given) the last user turn. ``parse_special``: special-token text inside the messages is
+    read as special tokens (off: it is text).
     """
     wants_chat = messages is not None or system is not None
     if chat is False:
@@ -126,14 +141,14 @@ def encode_request(
         if text is None:
             raise EmptyPromptError("the prompt is empty")
         return encode_prompt(model, text)
-    return _apply_chat(model, build_messages(text, messages, system))
+    return _apply_chat(model, build_messages(text, messages, system), parse_special)
 
 
-def _apply_chat(model: CausalLM, messages: list[Message]) -> list[int]:
+def _apply_chat(model: CausalLM, messages: list[Message], parse_special: bool) -> list[int]:
     apply = getattr(model.tokenizer, "apply_chat", None)
     if apply is None:
         raise EmptyPromptError("this model has no chat template; drop --chat")
-    ids: list[int] = apply(messages)
+    ids: list[int] = apply(messages, parse_special=True) if parse_special else apply(messages)
     if not ids:
         raise EmptyPromptError("the prompt encodes to zero tokens")
     return ids

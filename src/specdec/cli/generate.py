@@ -81,6 +81,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "input): drafted from where the output stands in it (OpenAI's Predicted Outputs); the "
         "output stays what it would be without it, only faster",
     )
+    p.add_argument(
+        "--parse-special",
+        action="store_true",
+        help="read special-token text inside the prompt, --system and --messages (such as "
+        "<|im_end|>) as special tokens; by default a chat prompt's text is plain text",
+    )
     p.add_argument("--no-stop", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument(
         "--stop",
@@ -137,7 +143,13 @@ def run(args: argparse.Namespace) -> int:
     )
     t_load = time.perf_counter() - t0
     chat = True if args.chat else (False if args.raw else None)  # None: template if any
-    ids = pair.encode(prompt, messages=messages, system=args.system, chat=chat)
+    ids = pair.encode(
+        prompt,
+        messages=messages,
+        system=args.system,
+        chat=chat,
+        parse_special=args.parse_special,
+    )
     print(f"[specdec] loaded in {t_load:.1f} s; prompt {len(ids)} tokens", file=sys.stderr)
     options: dict[str, Any] = {
         **request,

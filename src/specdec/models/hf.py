@@ -96,16 +96,33 @@ class HFTokenizer:
         """The vocabulary strings of ids 0..n-1 (None past the tokenizer's own tokens)."""
         return list(self.tok.convert_ids_to_tokens(list(range(n))))
 
-    def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_piece(self, text: str, *, special: bool) -> list[int]:
+        """Ids of ``text`` without BOS; special-token text parsed only when ``special``."""
+        if not text:
+            return []
+        out = self.tok(text, add_special_tokens=False, split_special_tokens=not special)
+        return list(out["input_ids"])
+
+    def special_texts(self) -> frozenset[str]:
+        """The texts of the tokenizer's special tokens (added tokens marked special)."""
+        decoder = getattr(self.tok, "added_tokens_decoder", {}) or {}
+        added = {str(t) for t in decoder.values() if getattr(t, "special", False)}
+        return frozenset(added | {str(t) for t in self.tok.all_special_tokens})
+
+    def chat_variables(self) -> dict[str, Any]:
+        specials = {k: v for k, v in self.tok.special_tokens_map.items() if isinstance(v, str)}
+        return {**specials, "add_generation_prompt": True}
+
+    def apply_chat(
+        self, messages: list[dict[str, str]], *, parse_special: bool = False
+    ) -> list[int]:
+        """The tokenizer's chat template over ``messages``; message text is text unless
+        ``parse_special`` (specdec.templates)."""
         if not getattr(self.tok, "chat_template", None):
             raise ModelLoadError("this model's tokenizer has no chat template; drop --chat")
-        from specdec.templates import render_chat
+        from specdec.templates import encode_chat
 
-        specials = {k: v for k, v in self.tok.special_tokens_map.items() if isinstance(v, str)}
-        text = render_chat(
-            self.tok.chat_template, messages, {**specials, "add_generation_prompt": True}
-        )
-        return self.encode(text, add_special_tokens=False)
+        return encode_chat(self, messages, parse_special=parse_special)
 
 
 def _gguf_key(path: Path) -> str:

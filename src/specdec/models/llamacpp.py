@@ -149,6 +149,7 @@ class LlamaCppTokenizer:
         self.vocab = llama_cpp.llama_model_get_vocab(llm.model)  # llama_vocab pointer
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.chat_template: str | None = llm.metadata.get("tokenizer.chat_template")
+        self._specials: frozenset[str] | None = None
 
     def token_texts(self, n: int) -> list[str | None]:
         """The vocabulary strings of ids 0..n-1 as the GGUF stores them (the same strings a
@@ -175,19 +176,40 @@ class LlamaCppTokenizer:
         raw: bytes = self.llm.detokenize([int(i) for i in ids], special=True)
         return raw.decode("utf-8", errors="replace")
 
-    def apply_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        if not self.chat_template:
-            raise ModelLoadError("this GGUF has no chat template; drop --chat")
-        from specdec.templates import render_chat
+    def encode_piece(self, text: str, *, special: bool) -> list[int]:
+        """Ids of ``text`` without BOS; special-token text parsed only when ``special``."""
+        if not text:
+            return []
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=special))
 
+    def special_texts(self) -> frozenset[str]:
+        """The texts of the control tokens (what llama.cpp parses only with special on)."""
+        if self._specials is None:
+            llama_cpp = _import_llama()
+            flags = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+            n = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+            self._specials = frozenset(
+                llama_cpp.llama_vocab_get_text(self.vocab, i).decode("utf-8", "replace")
+                for i in range(n)
+                if llama_cpp.llama_vocab_get_attr(self.vocab, i) & flags
+            )
+        return self._specials
+
+    def chat_variables(self) -> dict[str, Any]:
         bos = self.decode([self.llm.token_bos()]) if self.llm.token_bos() >= 0 else ""
         eos = self.decode([self.llm.token_eos()]) if self.llm.token_eos() >= 0 else ""
-        text = render_chat(
-            self.chat_template,
-            messages,
-            {"add_generation_prompt": True, "bos_token": bos, "eos_token": eos},
-        )
-        return self.encode(text, add_special_tokens=False)
+        return {"add_generation_prompt": True, "bos_token": bos, "eos_token": eos}
+
+    def apply_chat(
+        self, messages: list[dict[str, str]], *, parse_special: bool = False
+    ) -> list[int]:
+        """The GGUF's chat template over ``messages``; message text is text unless
+        ``parse_special`` (specdec.templates)."""
+        if not self.chat_template:
+            raise ModelLoadError("this GGUF has no chat template; drop --chat")
+        from specdec.templates import encode_chat
+
+        return encode_chat(self, messages, parse_special=parse_special)
 
 
 def physical_memory() -> int | None:

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -67,8 +67,6 @@ from specdec.serve.schemas import (
     Usage,
 )
 
-_R = TypeVar("_R", CompletionRequest, ChatRequest)
-
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
 
@@ -92,11 +90,20 @@ class _State:
     created: int
     tokenize_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def tokenize(self, how: Callable[[Pair, _R], list[int]], req: _R) -> list[int]:
-        """A prompt's ids, one request at a time (a transformers tokenizer may reconfigure
-        itself inside a call; decoding on the worker thread only reads it)."""
-        with self.tokenize_lock:
-            return how(self.pair, req)
+    def completion_ids(self, req: CompletionRequest) -> list[int]:
+        """A prompt's ids; tokenizer calls one request at a time (a transformers tokenizer may
+        reconfigure itself inside a call; decoding on the worker thread only reads it)."""
+        return text_prompt(self.pair, req, self.tokenize_lock)
+
+    def chat_ids(self, req: ChatRequest) -> list[int]:
+        """The messages' ids: the template renders outside the lock (in a worker process),
+        the tokenizer's calls inside it."""
+        special = self.config.settings.parse_special
+        return chat_prompt(self.pair, req, self.tokenize_lock, special)
+
+    def prediction_ids(self, req: GenerationFields) -> list[int]:
+        """The request's prediction as ids ([] without one), tokenized under the lock."""
+        return prediction_ids(self.pair, req, self.tokenize_lock)
 
 
 def _reset_caches(pair: Pair) -> None:
@@ -152,16 +159,16 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
     @app.post("/v1/completions", dependencies=[Depends(auth)], response_model=None)
     async def completions(req: CompletionRequest, request: Request) -> Response:
         _check_model(req, config)
-        ids = await asyncio.to_thread(state.tokenize, text_prompt, req)  # off the event loop
-        pred = await asyncio.to_thread(state.tokenize, prediction_ids, req)
+        ids = await asyncio.to_thread(state.completion_ids, req)  # off the event loop
+        pred = await asyncio.to_thread(state.prediction_ids, req)
         params = plan(pair, req, ids, config.settings, pred)
         return await _respond(state, req, params, request, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
     async def chat_completions(req: ChatRequest, request: Request) -> Response:
         _check_model(req, config)
-        ids = await asyncio.to_thread(state.tokenize, chat_prompt, req)
-        pred = await asyncio.to_thread(state.tokenize, prediction_ids, req)
+        ids = await asyncio.to_thread(state.chat_ids, req)
+        pred = await asyncio.to_thread(state.prediction_ids, req)
         params = plan(pair, req, ids, config.settings, pred)
         return await _respond(state, req, params, request, chat=True)
 

@@ -1,7 +1,9 @@
 """From a validated request to a generation on the worker thread, and back to response bodies.
 
 ``text_prompt`` / ``chat_prompt`` tokenise (the app runs them in a helper thread: tokenisers
-only read their vocabulary, so this is safe beside a running generation) and ``plan`` checks
+only read their vocabulary, so this is safe beside a running generation; a chat template is
+rendered in a worker process with its own time and memory limits, outside the tokenizer's
+lock, so a slow template holds up no other request) and ``plan`` checks
 that the prompt fits and fills in defaults, so that every user error is a 400 before anything
 is queued;
 ``work`` is what runs on the worker thread (``Pair.stream`` round by round, checking for
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +23,7 @@ from specdec.decoding import GenerationResult, validate_request
 from specdec.errors import SpecdecError
 from specdec.jsonable import finite
 from specdec.pairs import pair_context_limit
+from specdec.prompting import check_text
 from specdec.serve.engine import Job
 from specdec.serve.errors import FieldError
 from specdec.serve.schemas import ChatRequest, CompletionRequest, GenerationFields
@@ -33,6 +37,7 @@ class ServeSettings:
     k: int | None = 6  # None: the pair's own choice (the profile's policy of an --auto pair)
     adaptive: bool = False
     default_max_tokens: int = 512
+    parse_special: bool = False  # special-token text inside messages is text unless set
 
 
 @dataclass(frozen=True)
@@ -50,9 +55,19 @@ class GenerationParams:
     prediction: list[int] | None = None  # the request's prediction, tokenized (as text)
 
 
-def chat_prompt(pair: Pair, req: ChatRequest) -> list[int]:
-    """The messages through the target's chat template (system + multi-turn)."""
-    apply = getattr(pair.target.tokenizer, "apply_chat", None)
+def chat_prompt(
+    pair: Pair,
+    req: ChatRequest,
+    lock: AbstractContextManager[Any],
+    parse_special: bool = False,
+) -> list[int]:
+    """The messages through the target's chat template (system + multi-turn). Message text is
+    text (special-token text in it is not parsed) unless ``parse_special``; the template is
+    rendered without holding ``lock``, only the tokenizer's calls hold it."""
+    from specdec.templates import chat_segments, encode_segments, supports_chat
+
+    tok = pair.target.tokenizer
+    apply = getattr(tok, "apply_chat", None)
     if apply is None:
         raise FieldError("messages", "this model has no chat template: use /v1/completions")
     messages = [
@@ -60,7 +75,16 @@ def chat_prompt(pair: Pair, req: ChatRequest) -> list[int]:
         for m in req.messages
     ]
     try:
-        ids: list[int] = apply(messages)
+        for i, m in enumerate(messages):
+            check_text(m["content"], f"messages[{i}] content")
+        if supports_chat(tok):
+            segments = chat_segments(tok, messages, parse_special=parse_special)
+            with lock:
+                return encode_segments(tok, segments)
+        with lock:
+            ids: list[int] = (
+                apply(messages, parse_special=True) if parse_special else apply(messages)
+            )
     except SpecdecError as e:
         raise FieldError("messages", str(e)) from e
     except Exception as e:  # a template that refuses the messages (e.g. no system role)
@@ -68,11 +92,17 @@ def chat_prompt(pair: Pair, req: ChatRequest) -> list[int]:
     return ids
 
 
-def text_prompt(pair: Pair, req: CompletionRequest) -> list[int]:
-    """The prompt's token ids (text through the tokenizer, or ids checked to be in range)."""
+def text_prompt(pair: Pair, req: CompletionRequest, lock: AbstractContextManager[Any]) -> list[int]:
+    """The prompt's token ids (text through the tokenizer, special tokens parsed: a raw
+    prompt is the whole prompt; or ids checked to be in range)."""
     prompt = req.prompt
     if isinstance(prompt, str):
-        return pair.target.tokenizer.encode(prompt, add_special_tokens=True)
+        try:
+            check_text(prompt, "the prompt")
+        except SpecdecError as e:
+            raise FieldError("prompt", str(e)) from e
+        with lock:
+            return pair.target.tokenizer.encode(prompt, add_special_tokens=True)
     vocab = pair.target.vocab_size
     bad = next((t for t in prompt if not 0 <= int(t) < vocab), None)
     if bad is not None:
@@ -80,12 +110,20 @@ def text_prompt(pair: Pair, req: CompletionRequest) -> list[int]:
     return [int(t) for t in prompt]
 
 
-def prediction_ids(pair: Pair, req: GenerationFields) -> list[int]:
+def prediction_ids(
+    pair: Pair, req: GenerationFields, lock: AbstractContextManager[Any]
+) -> list[int]:
     """The request's prediction as token ids (its text is text: tokenized without the
-    template's special tokens); [] without one."""
+    template's special tokens); [] without one. Text that is not UTF-8 is a 400."""
     if req.prediction is None:
         return []
-    return pair.target.tokenizer.encode(req.prediction.text(), add_special_tokens=False)
+    text = req.prediction.text()
+    try:
+        check_text(text, "the prediction")
+    except SpecdecError as e:
+        raise FieldError("prediction", str(e)) from e
+    with lock:
+        return pair.target.tokenizer.encode(text, add_special_tokens=False)
 
 
 def plan(
