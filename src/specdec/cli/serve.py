@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
+import socket
 import sys
 from pathlib import Path
 
 from specdec.cli import command_help
 from specdec.cli.common import add_model_args, check_common, load_from_args, quiet_libraries
+from specdec.credentials import API_KEY_ENV, read_api_key
 from specdec.errors import ConfigError
 from specdec.pairs import DEFAULT_K, release
-
-API_KEY_ENV = "SPECDEC_API_KEY"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,8 +27,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--api-key",
-        default=os.environ.get(API_KEY_ENV),
-        help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}; none: open)",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' (default: --api-key-file, else "
+        f"${API_KEY_ENV}; none: open)",
+    )
+    p.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        default=None,
+        help="read the API key from the first line of FILE (kept out of the process list)",
+    )
+    p.add_argument(
+        "--parse-special",
+        action="store_true",
+        help="read special-token text inside chat messages (such as <|im_end|>) as special "
+        "tokens; by default it is plain text, so a message cannot forge a turn",
     )
     p.add_argument(
         "-k",
@@ -93,8 +105,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.max_body_bytes < 1024:
         raise ConfigError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
-    if args.api_key is not None and not args.api_key.strip():
-        raise ConfigError("--api-key is empty")
+    args.api_key = read_api_key(args.api_key, args.api_key_file)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             f"specdec serve needs the serve extra ({e.name} is missing): "
             "pip install 'specdec[serve]'"
         ) from e
+    _check_listen(args.host, args.port)  # before the models load: a busy port is one line
     pair = load_from_args(args)
     config = pair.config
     assert config is not None
@@ -120,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
             k=None if config.how else (DEFAULT_K if args.k is None else args.k),
             adaptive=args.adaptive,
             default_max_tokens=args.default_max_tokens,
+            parse_special=args.parse_special,
         ),
         api_key=args.api_key,
         max_queue=args.max_queue,
@@ -144,6 +157,29 @@ def run(args: argparse.Namespace) -> int:
             log_level="warning",
             timeout_graceful_shutdown=args.shutdown_timeout,
         )
+    except SystemExit as e:  # uvicorn's start-up failure (the port was taken meanwhile)
+        if e.code in (0, None):
+            raise
+        raise ConfigError(f"cannot serve on {args.host}:{args.port} (exit {e.code})") from e
     finally:
         release(pair.draft, pair.target)
     return 0
+
+
+def _check_listen(host: str, port: int) -> None:
+    """ConfigError naming why host:port cannot be listened on (a busy port, an address of
+    another machine, a privileged port), tried as uvicorn binds it."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except (OSError, UnicodeError) as e:
+        raise ConfigError(f"cannot listen on {host}:{port}: {e}") from e
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    sock.close()
+
