@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -102,3 +102,54 @@ def running_server(pair: Pair, **config: Any) -> Iterator[str]:
         yield base
     finally:
         stop()
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chatml_pair(template: str = CHATML) -> Pair:
+    """A mock target whose tokenizer reads <|im_start|> / <|im_end|> as special ids 2 and 1
+    when it parses special tokens (as llama.cpp's and transformers' do)."""
+    import re
+
+    class ChatMLTokenizer(MockTokenizer):
+        SPECIAL: ClassVar[dict[str, int]] = {"<|im_start|>": 2, "<|im_end|>": 1}
+        chat_template = template
+
+        def chat_variables(self) -> dict[str, Any]:
+            return {"add_generation_prompt": True}
+
+        def special_texts(self) -> frozenset[str]:
+            return frozenset(self.SPECIAL)
+
+        def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+            return [self.BOS] * add_special_tokens + self.encode_piece(text, special=True)
+
+        def encode_piece(self, text: str, *, special: bool) -> list[int]:
+            if not special:
+                return MockTokenizer.encode(self, text, add_special_tokens=False)
+            ids: list[int] = []
+            for part in re.split(r"(<\|im_start\|>|<\|im_end\|>)", text):
+                special_id = self.SPECIAL.get(part)
+                if special_id is not None:
+                    ids.append(special_id)
+                else:
+                    ids += self.encode_piece(part, special=False)
+            return ids
+
+        def apply_chat(
+            self, messages: list[dict[str, str]], *, parse_special: bool = False
+        ) -> list[int]:
+            from specdec.templates import encode_chat
+
+            return encode_chat(self, messages, parse_special=parse_special)
+
+    class ChatMLMock(MockLM):
+        def __init__(self, spec: MockSpec) -> None:
+            super().__init__(spec)
+            self._tokenizer = ChatMLTokenizer(spec.vocab_size)
+
+    return Pair(ChatMLMock(MockSpec(vocab_size=64, n_ctx=512, eos_token_id=65)), None)

@@ -67,3 +67,111 @@ def test_same_text_as_transformers(template: str) -> None:
     )
     specials = {k: v for k, v in tok.special_tokens_map.items() if isinstance(v, str)}  # type: ignore[attr-defined]
     assert render_chat(template, MESSAGES, {**specials, "add_generation_prompt": True}) == want
+
+
+# -- the worker process (issue 30): every operation bounded, off a server's request path ----
+
+
+@pytest.fixture
+def fresh_pool(monkeypatch: pytest.MonkeyPatch) -> object:
+    """A pool of its own, so that a test's workers (killed, or fakes) touch no other test."""
+    from specdec.templates import isolation
+
+    pool = isolation._Pool()
+    monkeypatch.setattr(isolation, "_POOL", pool)
+    yield pool
+    pool.close()
+
+
+def test_a_worker_stuck_in_one_operation_is_killed(
+    fresh_pool: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operation no check names (a long C call: neither the timer nor a trace can stop
+    it) holds its worker only until the wait runs out; the worker is then killed. A fake
+    worker that says it is ready and never answers stands for it."""
+    from specdec.templates import isolation
+
+    stuck = (
+        "import struct, sys, time\n"
+        "body = b'{\"ready\": true}'\n"
+        "sys.stdout.buffer.write(struct.pack('<Q', len(body)) + body)\n"
+        "sys.stdout.buffer.flush()\n"
+        "time.sleep(600)\n"
+    )
+    monkeypatch.setattr(isolation, "_BOOT", stuck)
+    monkeypatch.setattr(isolation, "GRACE_S", 0.2)
+    started: list[object] = []
+    real_worker = isolation._Worker
+
+    def worker() -> object:
+        w = real_worker()
+        started.append(w)
+        return w
+
+    monkeypatch.setattr(isolation, "_Worker", worker)
+    with pytest.raises(TemplateError, match="its process was stopped"):
+        render_chat("{{ 1 }}", MESSAGES, limits=TemplateLimits(seconds=0.1))
+    assert started and started[0].proc.poll() is not None  # type: ignore[attr-defined]
+
+
+def test_a_template_past_its_memory_limit_stops_its_worker_only(fresh_pool: object) -> None:
+    """RLIMIT_AS in the worker: an allocation past the limit is one error, the worker is
+    replaced, and the next render works."""
+    import os
+
+    if os.name != "posix":
+        pytest.skip("the worker's limits need a POSIX system")
+    hungry = "{{ ((range(99999)|list) * 3)|map('string')|list|length }}"
+    with pytest.raises(TemplateError, match="memory limit"):
+        render_chat(hungry, MESSAGES, limits=TemplateLimits(memory_bytes=8 << 20))
+    assert render_chat("{{ messages|length }}", MESSAGES) == "4"
+
+
+def test_a_template_renders_in_a_worker_process(fresh_pool: object) -> None:
+    import os
+
+    if os.name != "posix":
+        pytest.skip("workers need a POSIX system")
+    render_chat("{{ strftime_now('%Y') }}", MESSAGES)
+    from specdec.templates import isolation
+
+    idle = isolation._POOL._idle  # type: ignore[attr-defined]
+    assert idle and idle[0].proc.pid != os.getpid() and idle[0].proc.poll() is None
+
+
+def test_a_slow_template_does_not_hold_up_other_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In serve the template renders outside the tokenizer's lock: a request whose template
+    is still rendering (held here by a fake) lets another request render, tokenize and
+    finish. Before, the lock was held for the whole render, so one hostile template stalled
+    every request."""
+    import threading
+
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    import specdec.templates as templates
+    from serve_harness import chatml_pair, running_server
+
+    gate, entered = threading.Event(), threading.Event()
+    real = templates.render_chat
+
+    def render(template: str, messages: list[dict[str, str]], *a: object, **kw: object) -> str:
+        if messages[-1]["content"] == "slow":
+            entered.set()
+            gate.wait(60)
+        return real(template, messages, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(templates, "render_chat", render)
+    chat = "/v1/chat/completions"
+    body = {"max_tokens": 2, "temperature": 0}
+    with running_server(chatml_pair(), k=0) as base:
+        slow_body = {**body, "messages": [{"role": "user", "content": "slow"}]}
+        slow = threading.Thread(target=lambda: httpx.post(base + chat, json=slow_body, timeout=90))
+        slow.start()
+        try:
+            assert entered.wait(30)
+            fast = {**body, "messages": [{"role": "user", "content": "fast"}]}
+            r = httpx.post(base + chat, json=fast, timeout=30)  # a hang guard, not a measure
+            assert r.status_code == 200, r.text
+        finally:
+            gate.set()
+            slow.join(60)
