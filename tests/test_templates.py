@@ -148,11 +148,11 @@ def test_a_slow_template_does_not_hold_up_other_requests(monkeypatch: pytest.Mon
 
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
-    import specdec.templates as templates
+    import specdec.templates.render as render_module
     from serve_harness import chatml_pair, running_server
 
     gate, entered = threading.Event(), threading.Event()
-    real = templates.render_chat
+    real = render_module.render_chat
 
     def render(template: str, messages: list[dict[str, str]], *a: object, **kw: object) -> str:
         if messages[-1]["content"] == "slow":
@@ -160,7 +160,7 @@ def test_a_slow_template_does_not_hold_up_other_requests(monkeypatch: pytest.Mon
             gate.wait(60)
         return real(template, messages, *a, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(templates, "render_chat", render)
+    monkeypatch.setattr(render_module, "render_chat", render)
     chat = "/v1/chat/completions"
     body = {"max_tokens": 2, "temperature": 0}
     with running_server(chatml_pair(), k=0) as base:
@@ -175,3 +175,4 @@ def test_a_slow_template_does_not_hold_up_other_requests(monkeypatch: pytest.Mon
         finally:
             gate.set()
             slow.join(60)
+

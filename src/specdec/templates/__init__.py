@@ -22,9 +22,6 @@ both backends.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
 from specdec.templates.content import (
     ChatTokenizer,
     Segments,
@@ -33,23 +30,8 @@ from specdec.templates.content import (
     encode_segments,
     supports_chat,
 )
+from specdec.templates.render import render_chat
 from specdec.templates.sandbox import TemplateError, TemplateLimits, render_here
-
-
-def render_chat(
-    template: str,
-    messages: Sequence[Mapping[str, Any]],
-    variables: Mapping[str, Any] | None = None,
-    *,
-    limits: TemplateLimits | None = None,
-) -> str:
-    """The text of ``template`` for ``messages`` (plus variables such as bos_token,
-    add_generation_prompt), rendered in the limited sandbox inside a worker process with
-    memory and time limits (in this process where no worker can run). Raises TemplateError."""
-    from specdec.templates.isolation import render_isolated
-
-    return render_isolated(template, messages, variables, limits or TemplateLimits())
-
 
 __all__ = [
     "ChatTokenizer",

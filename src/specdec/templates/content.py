@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
+from specdec.templates import render
 from specdec.templates.sandbox import TemplateError
 
 Segments = list[tuple[str, bool]]  # (text, parse special tokens in it)
@@ -126,17 +127,15 @@ def chat_segments(
 ) -> Segments:
     """Render ``messages`` through the tokenizer's template (the slow part, which needs no
     lock on the tokenizer), as segments for ``encode_segments``."""
-    from specdec.templates import render_chat
-
     template = tokenizer.chat_template
     if not template:
         raise TemplateError("this model has no chat template")
     variables = tokenizer.chat_variables()
     if parse_special:
-        return [(render_chat(template, messages, variables), True)]
+        return [(render.render_chat(template, messages, variables), True)]
     used = [template, *(v for v in variables.values() if isinstance(v, str))]
     protected, marks = protect(messages, tokenizer.special_texts(), used)
-    return split(render_chat(template, protected, variables), marks)
+    return split(render.render_chat(template, protected, variables), marks)
 
 
 def encode_segments(tokenizer: ChatTokenizer, segments: Segments) -> list[int]:
