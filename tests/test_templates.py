@@ -176,3 +176,65 @@ def test_a_slow_template_does_not_hold_up_other_requests(monkeypatch: pytest.Mon
             gate.set()
             slow.join(60)
 
+
+def test_a_hostile_template_in_serve_is_bounded_and_blocks_no_one(
+    fresh_pool: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real hostile template in a real server: its render runs in a worker process until
+    the time limit stops it (one 400 naming the limit), while another request renders in a
+    second worker, tokenizes and is answered before the hostile one ends. The limit is set
+    long (8 s) only so that the other request surely finishes inside it on a loaded machine;
+    nothing here measures time."""
+    import os
+    import threading
+
+    if os.name != "posix":
+        pytest.skip("the worker processes need a POSIX system")
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    import specdec.templates.render as render_module
+    from serve_harness import CHATML, chatml_pair, running_server
+
+    hostile = (
+        "{% if messages[-1]['content'] == 'slow' %}{% for i in range(100000) %}"
+        "{% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}" + CHATML
+    )
+    entered = threading.Event()
+    real = render_module.render_chat
+
+    def render(template: str, messages: list[dict[str, str]], *a: object, **kw: object) -> str:
+        if messages[-1]["content"] == "slow":
+            entered.set()  # the real render starts now, in a worker, with a real loop
+        limits = TemplateLimits(seconds=8.0)
+        return real(template, messages, *a, limits=limits)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(render_module, "render_chat", render)
+    chat = "/v1/chat/completions"
+    body = {"max_tokens": 2, "temperature": 0}
+    slow_reply: list[object] = []
+    slow_done = threading.Event()
+
+    def post_slow(base: str) -> None:
+        slow_body = {**body, "messages": [{"role": "user", "content": "slow"}]}
+        try:
+            slow_reply.append(httpx.post(base + chat, json=slow_body, timeout=90))
+        finally:
+            slow_done.set()
+
+    with running_server(chatml_pair(hostile), k=0) as base:
+        slow = threading.Thread(target=post_slow, args=(base,))
+        slow.start()
+        try:
+            assert entered.wait(30)
+            fast = {**body, "messages": [{"role": "user", "content": "fast"}]}
+            r = httpx.post(base + chat, json=fast, timeout=60)  # a hang guard, not a measure
+            assert r.status_code == 200, r.text
+            assert not slow_done.is_set()  # answered while the hostile render still ran
+        finally:
+            slow.join(90)
+        assert slow_done.is_set() and len(slow_reply) == 1
+        got = slow_reply[0]
+        assert isinstance(got, httpx.Response) and got.status_code == 400, got
+        assert "ran for more than 8 s" in got.json()["error"]["message"]
+        again = {**body, "messages": [{"role": "user", "content": "again"}]}
+        assert httpx.post(base + chat, json=again, timeout=60).status_code == 200
