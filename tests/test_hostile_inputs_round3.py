@@ -233,6 +233,12 @@ CLI_ROWS: list[tuple[str, list[str], int, str]] = [
     ("endpoint timeout nan", [*EP, "--timeout", "nan"], 2, "specdec: error: timeouts must be"),
     ("endpoint rate inf", [*EP, "--max-rps", "inf"], 2, "specdec: error: the request rate"),
     ("endpoint seed -1", [*EP, "--seed", "-1"], 2, "specdec: error: --seed must be"),
+    # inputs to what main gained meanwhile (predictions, demo), after the rebase
+    ("demo threads 0", ["demo", "--threads", "0"], 2, "specdec: error: --threads must be"),
+    ("demo threads -1", ["demo", "--threads", "-1"], 2, "specdec: error: --threads must be"),
+    ("prediction from /dev/zero", [*GEN, "--prediction", "/dev/zero", "hi"], 2, "specdec: error"),
+    ("prediction missing", [*GEN, "--prediction", "/no/such", "hi"], 2, "specdec: error: --pred"),
+    ("prediction a directory", [*GEN, "--prediction", "/tmp", "hi"], 2, "specdec: error: --pred"),
 ]
 
 
@@ -1079,6 +1085,16 @@ SERVER_ROWS: list[tuple[str, str, bytes, int]] = [
     ("logit_bias", C, _c(logit_bias={"5": 100}), 400),
     ("n = 2", C, _c(n=2), 400),
     ("another model", C, _c(model="gpt-4"), 404),
+    # the prediction field main gained meanwhile
+    ("prediction not UTF-8", C, _c(prediction={"type": "content", "content": "a\udcffb"}), 400),
+    (
+        "chat prediction not UTF-8",
+        CH,
+        _ch("x", prediction={"type": "content", "content": "\ud800"}),
+        400,
+    ),
+    ("prediction a number", C, _c(prediction={"type": "content", "content": 5}), 400),
+    ("prediction of 3 MB", C, _c(prediction={"type": "content", "content": "a" * 3_000_000}), 200),
 ]
 
 

@@ -185,12 +185,15 @@ def check_draft_window(args: argparse.Namespace) -> None:
 
 
 def read_prompt(value: str) -> str:
-    """The prompt argument as text ('-' reads standard input), with bytes that are not UTF-8
-    reported by position rather than passed on to a tokenizer."""
+    """The prompt argument as text ('-' reads standard input, at most MAX_TEXT_FILE bytes:
+    an endless pipe is an error, not a hang), with bytes that are not UTF-8 reported by
+    position rather than passed on to a tokenizer."""
     if value == "-":
         if sys.stdin is None or sys.stdin.closed:
             raise ConfigError("the prompt is '-' but standard input is closed")
-        raw = sys.stdin.buffer.read()
+        raw = sys.stdin.buffer.read(MAX_TEXT_FILE + 1)
+        if len(raw) > MAX_TEXT_FILE:
+            raise ConfigError(f"the prompt on standard input is over {MAX_TEXT_FILE >> 20} MiB")
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as e:

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from specdec.cli import command_help
-from specdec.cli.common import quiet_libraries
+from specdec.cli.common import check_common, quiet_libraries
 from specdec.errors import ConfigError
 from specdec.pairs import DEFAULT_TARGET
 
@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.api import load
     from specdec.prompt_sets import load_code_predict
 
+    check_common(args)  # --threads: as every other subcommand checks it
     quiet_libraries()
     tasks = {p.id: p for p in load_code_predict()}
     if args.task not in tasks:

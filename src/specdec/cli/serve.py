@@ -182,4 +182,3 @@ def _check_listen(host: str, port: int) -> None:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
     sock.close()
-
