@@ -20,28 +20,27 @@ per-request switch, or two servers):
    statistics at family-wise ``alpha``. Power: the smallest TV (on the pooled categories,
    present in every prompt) each statistic detects with 80 % probability, analytically and
    re-checked by a seeded simulation on the observed spec-off frequencies.
+3. **Per-token test** (``specdec.endpoint.pertoken``), where both servers speak token ids
+   (vLLM): every token of every spec-on sample scored against the spec-off server's row at
+   its position; a fifth member of the Holm family.
 
-What a remote test cannot show is written into the certificate (``LIMITS``).
+The requests are made by ``specdec.endpoint.certify_run`` (resumable, both servers at once);
+the certificate's markdown by ``specdec.endpoint.certify_report``. What a remote test cannot
+show is written into the certificate (``LIMITS``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
-import random
 import re
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from specdec.endpoint.client import EndpointClient, Reply, Request
-from specdec.endpoint.errors import EndpointError
-from specdec.endpoint.pairing import Sides, check_off_reply, open_clients, probe_switch
+from specdec.endpoint.client import Reply
+from specdec.endpoint.pertoken import DEFAULT_TOP, PerTokenResult
 from specdec.errors import ConfigError
 from specdec.jsonable import json_ready
 from specdec.stats import (
@@ -70,9 +69,10 @@ LIMITS = (
     "for differences on the pooled categories.",
     "Logprobs, where a server returns them, are its top-N rows only (OpenAI's API allows at "
     "most 20): a near-tie can be recognised only when both competing tokens are among them.",
-    "No per-token test: scoring the spec-on samples against the spec-off server's rows needs "
-    "token ids that line up between the two servers, which the OpenAI text API does not "
-    "guarantee (re-tokenising a completion can split it differently). Not implemented.",
+    "The per-token test runs only where the spec-on server returns token ids and the spec-off "
+    "server scores a token-id prompt with prompt_logprobs (vLLM); a text API alone gives no "
+    "ids that line up (re-tokenising a completion can split it differently). It sees the "
+    "spec-off rows' top N tokens and one category for the rest of the vocabulary.",
     "Numerics that depend on what else the server is running (batch composition in vLLM and "
     "llama-server with several slots) change outputs; run on an otherwise idle server and "
     "read a greedy near-tie as such an effect only within the stated gap.",
@@ -98,7 +98,9 @@ class EndpointCertifyPlan:
     seed: int = 0
     power: float = 0.8
     power_trials: int = 200
-    concurrency: int = 1
+    concurrency: int = 1  # requests in flight per server
+    pertoken: bool = True  # where the servers allow it (and the sampling is T = 1, no cut-off)
+    pertoken_top: int = DEFAULT_TOP
 
     def __post_init__(self) -> None:
         if not self.prompts:
@@ -119,6 +121,13 @@ class EndpointCertifyPlan:
             raise ConfigError("tie gap must be >= 0 and concurrency >= 1")
         if not 1 <= self.top_logprobs <= 20:
             raise ConfigError(f"top logprobs must be in 1..20, got {self.top_logprobs}")
+        if self.pertoken_top < 1:
+            raise ConfigError(f"per-token top N must be >= 1, got {self.pertoken_top}")
+
+    @property
+    def pertoken_sampling(self) -> bool:
+        """Whether the sampling is the model's raw distribution (what the rows describe)."""
+        return self.temperature == 1.0 and self.top_p >= 1.0 and self.top_k <= 0
 
     def greedy_texts(self) -> list[str]:
         return [self.prompts[i % len(self.prompts)] for i in range(self.greedy_prompts)]
@@ -324,10 +333,13 @@ def sampled_tests(
     texts_off: Sequence[Sequence[str]],
     plan: EndpointCertifyPlan,
     rng: np.random.Generator,
+    *,
+    family: int = len(STATISTICS),
 ) -> list[StatisticTest]:
-    """The four statistics' combined tests, Holm-adjusted, with their power."""
-    m = len(STATISTICS)
-    level = plan.alpha / m  # Holm's first step: a conservative level for the power
+    """The four statistics' combined tests, Holm-adjusted among themselves, with their power
+    at alpha / ``family`` (the size of the certificate's Holm family; ``joint_holm`` adjusts
+    the whole family when the per-token test joins it)."""
+    level = plan.alpha / family  # Holm's first step: a conservative level for the power
     raw: list[tuple[str, float, int, float, list[dict[str, Any]], float, float]] = []
     for name in STATISTICS:
         tables = []
@@ -374,7 +386,22 @@ def sampled_tests(
     ]
 
 
-# -- the run -----------------------------------------------------------------------------
+def joint_holm(
+    tests: Sequence[StatisticTest], pertoken: PerTokenResult | None, alpha: float
+) -> tuple[list[StatisticTest], PerTokenResult | None]:
+    """Holm over the sampled statistics and the per-token test together."""
+    raw = [t.pvalue for t in tests] + ([pertoken.pvalue] if pertoken is not None else [])
+    if not raw:
+        return list(tests), pertoken
+    adj = [float(a) for a in holm_adjust(raw)]
+    out = [replace(t, adjusted_p=a, rejected=a <= alpha) for t, a in zip(tests, adj, strict=False)]
+    if pertoken is not None:
+        a = adj[-1]
+        pertoken = replace(pertoken, adjusted_p=a, rejected=a <= alpha or pertoken.impossible > 0)
+    return out, pertoken
+
+
+# -- the certificate ---------------------------------------------------------------------
 
 
 @dataclass
@@ -391,6 +418,9 @@ class EndpointCertificate:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     command: str = ""
+    pertoken: PerTokenResult | None = None
+    pertoken_note: str | None = None  # why the per-token test did not run
+    timing: dict[str, Any] = field(default_factory=dict)
 
     def verdict_line(self) -> str:
         n_same = sum(c.status == "identical" for c in self.greedy)
@@ -402,9 +432,36 @@ class EndpointCertificate:
             rej = sum(t.rejected for t in self.tests)
             pmin = min(t.adjusted_p for t in self.tests)
             parts.append(f"sampled {rej}/{len(self.tests)} tests rejected (min Holm p {pmin:.3g})")
+        if self.pertoken is not None:
+            pt = self.pertoken
+            parts.append(
+                f"per-token {'REJECTED' if pt.rejected else 'not rejected'} "
+                f"({pt.n_tokens} tokens, Holm p {pt.adjusted_p:.3g})"
+            )
         if self.drafted_on is not None:
             parts.append(f"spec-on drafted {self.drafted_on}, accepted {self.accepted_on}")
         return f"endpoint certificate: {VERDICT[self.status]}: " + "; ".join(parts)
+
+    def power_line(self) -> str:
+        """The stated power in one line (what a PASS of this size can and cannot rule out)."""
+        bits = []
+        tvs = [t.min_detectable_tv for t in self.tests if math.isfinite(t.min_detectable_tv)]
+        if tvs:
+            n = self.plan.get("sampled_prompts", 0) * self.plan.get("samples", 0)
+            bits.append(
+                f"the sampled tests find a TV of {min(tvs):.2g}-{max(tvs):.2g} on their pooled "
+                f"categories with 80 % probability ({n} requests per side)"
+            )
+        if self.pertoken is not None:
+            mdt = [v for v in self.pertoken.min_detectable_tv.values() if math.isfinite(v)]
+            if mdt:
+                bits.append(
+                    f"the per-token test finds a per-token TV of {min(mdt):.2g}-{max(mdt):.2g} "
+                    f"(top {self.pertoken.top} + rest; {self.pertoken.n_tokens} tokens)"
+                )
+        elif self.pertoken_note:
+            bits.append(f"no per-token test ({self.pertoken_note})")
+        return "power: " + ("; ".join(bits) if bits else "no sampled tests") + "."
 
     def to_dict(self) -> dict[str, Any]:
         return json_ready(
@@ -417,6 +474,10 @@ class EndpointCertificate:
                 "plan": self.plan,
                 "greedy": [asdict(c) for c in self.greedy],
                 "sampled_tests": [asdict(t) for t in self.tests],
+                "pertoken_test": self.pertoken.to_dict() if self.pertoken else None,
+                "pertoken_note": self.pertoken_note,
+                "power": self.power_line(),
+                "timing": self.timing,
                 "drafted_on": self.drafted_on,
                 "accepted_on": self.accepted_on,
                 "notes": self.notes,
@@ -425,244 +486,3 @@ class EndpointCertificate:
                 "command": self.command,
             }
         )
-
-
-async def _bounded(jobs: Sequence[Callable[[], Any]], concurrency: int) -> list[Any]:
-    """Run the coroutine factories with at most ``concurrency`` at a time, in order."""
-    gate = asyncio.Semaphore(concurrency)
-
-    async def run(job: Callable[[], Any]) -> Any:
-        async with gate:
-            return await job()
-
-    tasks = [asyncio.create_task(run(j)) for j in jobs]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-
-
-def _seeds(plan: EndpointCertifyPlan, prompt_index: int) -> tuple[list[int], list[int]]:
-    """Disjoint seeds for the two sides of one prompt (from the plan's seed only)."""
-    rng = np.random.default_rng([plan.seed, prompt_index])
-    seeds = rng.choice(2**31 - 1, size=2 * plan.samples, replace=False)
-    return [int(s) for s in seeds[: plan.samples]], [int(s) for s in seeds[plan.samples :]]
-
-
-async def run_endpoint_certify(
-    plan: EndpointCertifyPlan,
-    sides: Sides,
-    *,
-    command: str = "",
-    progress: Callable[[str], None] = lambda _: None,
-) -> EndpointCertificate:
-    t_start = time.monotonic()
-    jitter = random.Random(plan.seed)
-    notes: list[str] = []
-    drafted: list[int] = []
-    accepted: list[int] = []
-    on, off = open_clients(sides, jitter)
-    async with on, off:
-        model = await on.resolve_model()
-        await off.resolve_model()
-        check = await probe_switch(on, off, sides.switch)
-        notes.extend(check.notes)
-
-        def count(reply: Reply) -> Reply:
-            if reply.counters is not None:
-                drafted.append(reply.counters.drafted)
-                accepted.append(reply.counters.accepted)
-            return reply
-
-        # greedy agreement (logprobs asked for where the server gives them)
-        greedy: list[GreedyCase] = []
-        texts = plan.greedy_texts()
-        if texts:
-            logprobs = await _logprobs_supported(on, off, plan.top_logprobs)
-            if not logprobs:
-                notes.append(
-                    "the server returns no logprobs: greedy divergences cannot be "
-                    "checked for near-ties"
-                )
-            progress(f"greedy agreement on {len(texts)} prompts")
-            for i, prompt in enumerate(texts):
-                req = Request(
-                    prompt,
-                    plan.greedy_tokens,
-                    temperature=0.0,
-                    seed=plan.seed + i,
-                    logprobs=plan.top_logprobs if logprobs else None,
-                    stream=False,
-                )
-                r_on = count(await on.generate(req))
-                r_off = await off.generate(req)
-                check_off_reply(r_off, sides)
-                greedy.append(compare_greedy(prompt, r_on, r_off, plan.tie_gap))
-
-        # sampled two-sample tests, one independent request per unit
-        samples_on: list[list[str]] = []
-        samples_off: list[list[str]] = []
-        for i, prompt in enumerate(plan.sampled_texts()):
-            progress(
-                f"sampled prompt {i + 1}/{plan.sampled_prompts}: {plan.samples} requests per side"
-            )
-            seeds_on, seeds_off = _seeds(plan, i)
-
-            def job(client: EndpointClient, seed: int, prompt: str = prompt) -> Callable[[], Any]:
-                req = Request(
-                    prompt,
-                    plan.sample_tokens,
-                    temperature=plan.temperature,
-                    seed=seed,
-                    top_p=plan.top_p,
-                    top_k=plan.top_k,
-                    stream=False,
-                )
-                return lambda: client.generate(req)
-
-            jobs = []
-            for s_on, s_off in zip(seeds_on, seeds_off, strict=True):  # interleaved
-                jobs += [job(on, s_on), job(off, s_off)]
-            replies: list[Reply] = await _bounded(jobs, plan.concurrency)
-            for r in replies[1::2]:
-                check_off_reply(r, sides)
-            samples_on.append([count(r).text for r in replies[0::2]])
-            samples_off.append([r.text for r in replies[1::2]])
-    tests = (
-        sampled_tests(samples_on, samples_off, plan, np.random.default_rng(plan.seed + 12345))
-        if samples_on
-        else []
-    )
-    status = PASS
-    if any(c.status == "near-tie" for c in greedy):
-        status = WARN
-    if drafted and sum(drafted) == 0:
-        notes.append(
-            "the spec-on side drafted nothing in any request: this run shows nothing "
-            "about speculation"
-        )
-        status = WARN if status == PASS else status
-    if not drafted:
-        notes.append(
-            "the spec-on side reports no draft counters: that it speculated at all is not checked"
-        )
-    if any(c.status == "differs" for c in greedy) or any(t.rejected for t in tests):
-        status = FAIL
-    return EndpointCertificate(
-        status=status,
-        sides=sides.describe(),
-        model=model,
-        api=sides.on.api,
-        plan={k: v for k, v in asdict(plan).items() if k != "prompts"}
-        | {"n_prompts": len(plan.prompts)},
-        greedy=greedy,
-        tests=tests,
-        drafted_on=sum(drafted) if drafted else None,
-        accepted_on=sum(accepted) if drafted else None,
-        notes=notes,
-        seconds=time.monotonic() - t_start,
-        command=command,
-    )
-
-
-async def _logprobs_supported(on: EndpointClient, off: EndpointClient, n: int) -> bool:
-    """Whether both sides answer a request that asks for top logprobs with logprobs."""
-    req = Request("Hello", 2, temperature=0.0, seed=0, logprobs=n, stream=False)
-    for client in (on, off):
-        try:
-            reply = await client.generate(req)
-        except EndpointError as e:
-            if "logprob" in str(e).lower():
-                return False
-            raise
-        if reply.tokens is None:
-            return False
-    return True
-
-
-# -- outputs -----------------------------------------------------------------------------
-
-
-def _f(x: float | None, spec: str = ".3g") -> str:
-    return "n/a" if x is None or not math.isfinite(x) else format(x, spec)
-
-
-def render_markdown(cert: EndpointCertificate) -> str:
-    p = cert.plan
-    out = [f"# Endpoint certificate: {VERDICT[cert.status]}", ""]
-    out += [f"- sides: {cert.sides}", f"- model: `{cert.model}` ({cert.api} API)"]
-    if cert.command:
-        out.append(f"- command: `{cert.command}`")
-    out.append(f"- time: {cert.seconds:.0f} s")
-    if cert.drafted_on is not None:
-        out.append(f"- spec-on drafted {cert.drafted_on} tokens, accepted {cert.accepted_on}")
-    for n in cert.notes:
-        out.append(f"- note: {n}")
-    out += ["", "## Greedy agreement", ""]
-    out.append(
-        f"{len(cert.greedy)} prompts, {p['greedy_tokens']} tokens, temperature 0; a divergence "
-        f"is a near-tie only when both log-probability gaps are <= {p['tie_gap']:g} nats "
-        "(fixed before the run)."
-    )
-    out.append("")
-    for i, c in enumerate(cert.greedy):
-        if c.status == "identical":
-            out.append(f"- prompt {i + 1}: identical ({len(c.on_text)} characters)")
-            continue
-        out.append(f"- prompt {i + 1}: **{c.status}** at character {c.char_index}: {c.reason}")
-        out.append(f"  - before: {c.context!r}")
-        out.append(f"  - spec-on: {c.on_next!r}; spec-off: {c.off_next!r}")
-        if c.token_index is not None:
-            out.append(
-                f"  - tokens from {c.token_index}: spec-on {list(c.on_tokens or ())}, "
-                f"spec-off {list(c.off_tokens or ())}; gaps (nats) on {_f(c.gap_on)}, "
-                f"off {_f(c.gap_off)}"
-            )
-    if cert.tests:
-        out += ["", "## Sampled two-sample tests", ""]
-        out.append(
-            f"{p['sampled_prompts']} prompts x {p['samples']} independent requests per side, "
-            f"{p['sample_tokens']} tokens, temperature {p['temperature']:g}, top-p "
-            f"{p['top_p']:g}, top-k {p['top_k']}; disjoint seeds per side; unit = one "
-            f"request; chi-square homogeneity per prompt, summed over prompts; Holm at "
-            f"alpha {p['alpha']:g}."
-        )
-        out += [
-            "",
-            "| statistic | chi2 | dof | p | Holm p | rejected | detects TV (80 %) | "
-            "simulated power there |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for t in cert.tests:
-            out.append(
-                f"| {t.name} | {_f(t.statistic)} | {t.dof} | {_f(t.pvalue)} | "
-                f"{_f(t.adjusted_p)} | {'**yes**' if t.rejected else 'no'} | "
-                f"{_f(t.min_detectable_tv)} | {_f(t.simulated_power, '.2f')} |"
-            )
-        out.append("")
-        out.append(
-            "'Detects TV': the smallest total-variation distance on the pooled categories, "
-            "present in every prompt, that the statistic's test finds with 80 % probability "
-            "at alpha / 4 (analytic, noncentral chi-square); 'simulated power' re-checks it "
-            f"with {p['power_trials']} seeded simulations of the very test, the spec-on side "
-            "moved by that TV in proportion from the heavier to the lighter half of the "
-            "observed pooled frequencies (the least detectable shape when the halves weigh "
-            "the same; with a dominant category easier, so the check is optimistic there; "
-            "n/a when no such shift exists)."
-        )
-    out += ["", "## What this cannot show", ""]
-    out += [f"- {limit}" for limit in LIMITS]
-    return "\n".join(out) + "\n"
-
-
-def write_certificate(cert: EndpointCertificate, out_dir: str | Path) -> tuple[Path, Path]:
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    j = d / "certificate.json"
-    m = d / "certificate.md"
-    j.write_text(json.dumps(cert.to_dict(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    m.write_text(render_markdown(cert), encoding="utf-8")
-    return j, m
