@@ -212,3 +212,44 @@ def test_a_much_slower_side_is_named() -> None:
         quiet.request("off", 0.1, 1)
         quiet.request("on", 0.3, 1)
     assert quiet.slow_note is None
+
+
+def test_a_time_budget_lowers_the_sample_count_after_a_pilot(
+    prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0.1 s per request and 36 s in all: a pilot times the requests, and the sampled part
+    shrinks from 100 to what fits (never below 30); the certificate says so."""
+    with (
+        running_app(token_server_app(delay=0.1)) as on,
+        running_app(token_server_app(delay=0.1)) as off,
+    ):
+        extra = ("--samples", "100", "--max-minutes", "0.6", "--pertoken", "off")
+        rc, stdout, err, cert = certify(on, off, tmp_path / "b", prompts, capsys, *extra)
+    assert rc == 0, stdout + err
+    n = cert["plan"]["samples"]
+    assert 30 <= n < 100
+    assert any(f"fits {n} of 100 sampled requests" in note for note in cert["notes"])
+    assert cert["timing"]["on"]["requests"] == cert["timing"]["off"]["requests"] == 3 * n
+    assert "pilot" in cert["timing"]["phases_s"]
+
+
+def test_a_follow_up_row_classifies_a_divergence_at_a_drafted_token() -> None:
+    """llama-server returns no row for tokens accepted from the draft: the spec-on gap then
+    comes from a second request for that position's row (its absolute value counts)."""
+    from specdec.endpoint.certify import compare_greedy
+    from specdec.endpoint.client import Reply, logprob_ids
+
+    def reply(text: str, toks: list[str], rows: list[dict[str, float]]) -> Reply:
+        return Reply(text, "length", 1.0, None, None, "none", 0, None, tuple(toks), tuple(rows))
+
+    on = reply("ab", ["a", "b"], [{"a": -0.1}, {}])  # the drafted "b" has no row
+    off = reply("ac", ["a", "c"], [{"a": -0.1}, {"c": -0.70, "b": -0.75}])
+    blind = compare_greedy("p", on, off, 0.1)
+    assert blind.status == "differs" and blind.gap_on is None
+    tie = compare_greedy("p", on, off, 0.1, follow_up=({"c": -0.68, "b": -0.72}, None))
+    assert tie.status == "near-tie" and tie.gap_on_source == "follow-up"
+    assert tie.gap_on == pytest.approx(0.04) and tie.gap_off_source == "reported"
+    far = compare_greedy("p", on, off, 0.1, follow_up=({"c": -0.1, "b": -2.0}, None))
+    assert far.status == "differs"
+    assert logprob_ids({"content": [{"id": 5, "token": "a"}, {"id": 7, "token": "b"}]}) == (5, 7)
+    assert logprob_ids({"content": [{"token": "a"}]}) is None

@@ -101,7 +101,16 @@ def add_certify_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="independent requests per prompt and side in the sampled tests (quick 60, full 250)",
+        help="independent requests per prompt and side in the sampled tests (full 250; quick: "
+        "up to 150, as many as fit in --max-minutes)",
+    )
+    g.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        metavar="M",
+        help="time budget of the run: a pilot times the sampled requests and lowers --samples "
+        "to what fits, not below 30 (quick 5; 0 or unset without --quick: no budget)",
     )
     g.add_argument(
         "--pertoken",
@@ -284,6 +293,8 @@ def _certify_command(args: argparse.Namespace) -> str:
         parts += ["--concurrency", str(args.concurrency)]
     if args.pertoken != "auto":
         parts += ["--pertoken", args.pertoken]
+    if args.max_minutes is not None:
+        parts += ["--max-minutes", f"{args.max_minutes:g}"]
     return " ".join(shlex.quote(x) for x in parts)
 
 
@@ -331,6 +342,7 @@ def run_certify(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         pertoken=args.pertoken == "auto",
         pertoken_top=args.pertoken_top,
+        max_seconds=None if args.max_minutes is None else args.max_minutes * 60,
     )
     sides = make_sides(_config(args), args.endpoint_off, args.endpoint_off_model)
 

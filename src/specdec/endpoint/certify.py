@@ -55,6 +55,8 @@ from specdec.stats import (
 )
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
+QUICK_SAMPLES = 150  # per prompt and side, at most (the time budget may lower it)
+QUICK_SECONDS = 300.0
 VERDICT = {PASS: "PASS", WARN: "PASS WITH CAVEATS", FAIL: "FAIL"}
 STATISTICS = ("piece 1", "piece 2", "piece 3", "text")
 NONE = "<none>"
@@ -101,6 +103,10 @@ class EndpointCertifyPlan:
     concurrency: int = 1  # requests in flight per server
     pertoken: bool = True  # where the servers allow it (and the sampling is T = 1, no cut-off)
     pertoken_top: int = DEFAULT_TOP
+    # a time budget for the whole run: a pilot (not part of the tests) times the requests,
+    # then ``samples`` is lowered to what fits, but not below ``min_samples``
+    max_seconds: float | None = None
+    min_samples: int = 30
 
     def __post_init__(self) -> None:
         if not self.prompts:
@@ -123,6 +129,10 @@ class EndpointCertifyPlan:
             raise ConfigError(f"top logprobs must be in 1..20, got {self.top_logprobs}")
         if self.pertoken_top < 1:
             raise ConfigError(f"per-token top N must be >= 1, got {self.pertoken_top}")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ConfigError(f"the time budget must be > 0 seconds, got {self.max_seconds}")
+        if self.min_samples < 2:
+            raise ConfigError(f"min samples must be >= 2, got {self.min_samples}")
 
     @property
     def pertoken_sampling(self) -> bool:
@@ -139,20 +149,24 @@ class EndpointCertifyPlan:
 def make_plan(
     prompts: Sequence[str], *, quick: bool, scale: float = 1.0, **overrides: Any
 ) -> EndpointCertifyPlan:
-    """The quick (a smoke test, minutes on a small model) or full plan; ``overrides`` that
-    are not None replace plan fields; ``scale`` multiplies the sample count."""
+    """The quick or the full plan; ``overrides`` that are not None replace plan fields;
+    ``scale`` multiplies the sample count. Quick is a 5-minute certificate: as many sampled
+    requests (up to 150 per prompt and side, at least 30) as a pilot says fit in 5 minutes."""
     base: dict[str, Any] = (
         {
             "greedy_prompts": 2,
             "greedy_tokens": 32,
             "sampled_prompts": 2,
-            "samples": 60,
+            "samples": QUICK_SAMPLES,
             "sample_tokens": 8,
+            "max_seconds": QUICK_SECONDS,
         }
         if quick
         else {}
     )
     base.update({k: v for k, v in overrides.items() if v is not None})
+    if base.get("max_seconds") == 0:  # no time budget
+        base["max_seconds"] = None
     if scale != 1.0:
         if scale <= 0:
             raise ConfigError(f"scale must be > 0, got {scale}")
@@ -180,6 +194,10 @@ class GreedyCase:
     gap_on: float | None = None  # nats, in the spec-on side's row
     gap_off: float | None = None
     reason: str = ""
+    # where a gap came from: "reported" (the row the side returned with its output), or
+    # "follow-up" (a second request for that position's row: the side returned none there)
+    gap_on_source: str | None = None
+    gap_off_source: str | None = None
 
 
 def _gap(row: Mapping[str, float] | None, mine: str, other: str) -> float | None:
@@ -188,7 +206,17 @@ def _gap(row: Mapping[str, float] | None, mine: str, other: str) -> float | None
     return float(row[mine] - row[other])
 
 
-def compare_greedy(prompt: str, on: Reply, off: Reply, tie_gap: float) -> GreedyCase:
+def compare_greedy(
+    prompt: str,
+    on: Reply,
+    off: Reply,
+    tie_gap: float,
+    follow_up: tuple[Mapping[str, float] | None, Mapping[str, float] | None] = (None, None),
+) -> GreedyCase:
+    """Compare one prompt's greedy outputs. ``follow_up`` holds rows for the divergence
+    position fetched by a second request (spec-on, spec-off), used for a side whose own row
+    lacks a competing token; in such a row the chosen token may also trail (the row comes
+    from another pass), so its gap counts by its absolute value."""
     d = first_difference(on.text, off.text)
     if d is None:
         return GreedyCase(prompt, "identical", on.text, off.text)
@@ -219,12 +247,23 @@ def compare_greedy(prompt: str, on: Reply, off: Reply, tie_gap: float) -> Greedy
     row_on = on.top_logprobs[j] if on.top_logprobs and j < len(on.top_logprobs) else None
     row_off = off.top_logprobs[j] if off.top_logprobs and j < len(off.top_logprobs) else None
     gap_on, gap_off = _gap(row_on, t_on, t_off), _gap(row_off, t_off, t_on)
+    src_on = src_off = "reported"
+    if gap_on is None and (g := _gap(follow_up[0], t_on, t_off)) is not None:
+        gap_on, src_on = abs(g), "follow-up"
+    if gap_off is None and (g := _gap(follow_up[1], t_off, t_on)) is not None:
+        gap_off, src_off = abs(g), "follow-up"
     case |= {"gap_on": gap_on, "gap_off": gap_off}
+    case |= {"gap_on_source": src_on if gap_on is not None else None}
+    case |= {"gap_off_source": src_off if gap_off is not None else None}
     if gap_on is None or gap_off is None:
         reason = "a competing token is not among the returned top logprobs"
         return GreedyCase(prompt, "differs", on.text, off.text, reason=reason, **case)
     if gap_on <= tie_gap and gap_off <= tie_gap:
-        reason = f"both gaps <= {tie_gap:g} nats"
+        reason = f"both gaps <= {tie_gap:g} nats" + (
+            " (a gap from a follow-up request for that position's row)"
+            if "follow-up" in (src_on, src_off)
+            else ""
+        )
         return GreedyCase(prompt, "near-tie", on.text, off.text, reason=reason, **case)
     reason = f"a gap above {tie_gap:g} nats: not a near-tie"
     return GreedyCase(prompt, "differs", on.text, off.text, reason=reason, **case)

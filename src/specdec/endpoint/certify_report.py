@@ -11,6 +11,10 @@ from specdec.endpoint.certify import LIMITS, VERDICT, EndpointCertificate
 from specdec.endpoint.pertoken import ALTERNATIVES
 
 
+def _src(source: str | None) -> str:
+    return " (follow-up request)" if source == "follow-up" else ""
+
+
 def _f(x: float | None, spec: str = ".3g") -> str:
     return "n/a" if x is None or not math.isfinite(x) else format(x, spec)
 
@@ -43,8 +47,8 @@ def render_markdown(cert: EndpointCertificate) -> str:
         if c.token_index is not None:
             out.append(
                 f"  - tokens from {c.token_index}: spec-on {list(c.on_tokens or ())}, "
-                f"spec-off {list(c.off_tokens or ())}; gaps (nats) on {_f(c.gap_on)}, "
-                f"off {_f(c.gap_off)}"
+                f"spec-off {list(c.off_tokens or ())}; gaps (nats) on {_f(c.gap_on)}"
+                f"{_src(c.gap_on_source)}, off {_f(c.gap_off)}{_src(c.gap_off_source)}"
             )
     if cert.tests:
         out += ["", "## Sampled two-sample tests", ""]

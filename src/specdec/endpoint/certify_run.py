@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+import statistics
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,10 @@ from specdec.endpoint.pertoken import (
 )
 
 PROGRESS_FILE = "progress.jsonl"
+PILOT = 4  # requests per side that time the sampled part under a budget (not tested)
+ANALYSIS_S = 15.0  # what the budget keeps for the power simulations
+BUDGET_KEY = "budget:samples"
+SIDES = ("on", "off")
 
 
 def _seeds(plan: EndpointCertifyPlan, prompt_index: int) -> tuple[list[int], list[int]]:
@@ -189,8 +195,105 @@ class _Run:
                 r_on, r_off = await _all(pair)
             else:
                 r_on, r_off = await pair[0], await pair[1]
-            out.append(compare_greedy(prompt, r_on, r_off, plan.tie_gap))
+            case = compare_greedy(prompt, r_on, r_off, plan.tie_gap)
+            j = case.token_index
+            if case.status == "differs" and j is not None and None in (case.gap_on, case.gap_off):
+                rows = (
+                    await self.row_at("on", prompt, r_on, j) if case.gap_on is None else None,
+                    await self.row_at("off", prompt, r_off, j) if case.gap_off is None else None,
+                )
+                case = compare_greedy(prompt, r_on, r_off, plan.tie_gap, follow_up=rows)
+            out.append(case)
         return out
+
+    async def row_at(
+        self, side: str, prompt: str, reply: Reply, j: int
+    ) -> Mapping[str, float] | None:
+        """The side's top-20 row at token j of its reply, by a second request: the prompt's
+        and the reply's first j token ids as the prompt, one token at temperature 0. For a
+        server that returns no row for some tokens (llama-server: drafted tokens)."""
+        if reply.token_ids is None or len(reply.token_ids) < j:
+            return None
+        if self.sides.on.api != "completions":
+            return None
+        client = self.client(side)
+        ids = await client.tokenize(prompt)
+        if not ids:
+            return None
+        req = Request(tuple(ids) + reply.token_ids[:j], 1, temperature=0.0, seed=0, logprobs=20)
+        try:
+            async with self.gates[side]:
+                r = await client.generate(replace(req, stream=False))
+        except EndpointError:
+            return None
+        return r.top_logprobs[0] if r.top_logprobs else None
+
+    # -- the time budget ---------------------------------------------------------------------
+    async def fit_budget(
+        self, prompt_ids: list[list[int]] | None, elapsed: float
+    ) -> tuple[int, str | None]:
+        """The sample count per prompt and side that fits the plan's time budget (read back
+        from the progress file when resuming), and a note when it is below the plan's."""
+        plan = self.plan
+        assert plan.max_seconds is not None
+        stored = self.store.get(BUDGET_KEY)
+        if stored is not None:
+            n, t_item = int(stored["samples"]), float(stored["item_s"])
+        else:
+            t_item = await self._pilot(prompt_ids)
+            left = plan.max_seconds - elapsed - t_item * PILOT - ANALYSIS_S
+            fit = math.floor(0.9 * left / (plan.sampled_prompts * t_item)) if t_item > 0 else 0
+            floor = min(plan.samples, plan.min_samples)
+            n = max(floor, min(plan.samples, fit))
+            self.store.put(BUDGET_KEY, {"samples": n, "item_s": t_item})
+        if n >= plan.samples:
+            return n, None
+        return n, (
+            f"the time budget ({plan.max_seconds:.0f} s) fits {n} of {plan.samples} sampled "
+            f"requests per prompt and side (a pilot measured {t_item:.2f} s per request pair)"
+            + ("; that is the minimum, so the run takes longer" if n == plan.min_samples else "")
+        )
+
+    async def _pilot(self, prompt_ids: list[list[int]] | None) -> float:
+        """Seconds per request pair of the sampled part (both servers at once where they
+        work at once), from PILOT requests per side on the first sampled prompt with seeds
+        that the tests never use."""
+        plan = self.plan
+        text = plan.sampled_texts()[0]
+        rng = np.random.default_rng([plan.seed, 99])
+        times: dict[str, list[float]] = {"on": [], "off": [], "score": []}
+
+        async def one(side: str, seed: int) -> None:
+            req = Request(
+                text,
+                plan.sample_tokens,
+                temperature=plan.temperature,
+                seed=seed,
+                top_p=plan.top_p,
+                top_k=plan.top_k,
+                logprobs=1 if prompt_ids is not None else None,
+                stream=False,
+                extra=TOKEN_IDS if prompt_ids is not None else {},
+            )
+            async with self.gates[side]:
+                r = await self.client(side).generate(req)
+            times[side].append(r.e2e_s)
+            if side == "on" and prompt_ids is not None and r.token_ids:
+                sreq = scoring_request(prompt_ids[0], r.token_ids, plan.pertoken_top)
+                async with self.gates["off"]:
+                    s = await self.off.generate(sreq)
+                times["score"].append(s.e2e_s)
+
+        seeds = [int(x) for x in rng.integers(0, 2**31 - 1, size=2 * PILOT)]
+        jobs = [one(side, seeds[2 * j + i]) for j in range(PILOT) for i, side in enumerate(SIDES)]
+        await _all(jobs)
+
+        def med(xs: list[float]) -> float:
+            return statistics.median(xs) if xs else 0.0
+
+        on, off, score = med(times["on"]), med(times["off"]), med(times["score"])
+        per = max(on, off + score) if self.gates.parallel else on + off + score
+        return per / plan.concurrency
 
     # -- sampled -----------------------------------------------------------------------------
     async def sampled(
@@ -336,6 +439,13 @@ async def run_endpoint_certify(
         if plan.sampled_prompts:
             with pace.phase("pertoken probe"):
                 prompt_ids, pertoken_note = await _pertoken_setup(plan, on, off)
+            if plan.max_seconds is not None:
+                with pace.phase("pilot"):
+                    n, note = await run.fit_budget(prompt_ids, pace.elapsed())
+                if note:
+                    notes.append(note)
+                    progress(note)
+                plan = run.plan = replace(plan, samples=n)
             with pace.phase("sampled"):
                 texts_on, texts_off, u, n_scored, in_top = await run.sampled(prompt_ids)
         metrics_after = await on.scrape_metrics()

@@ -294,7 +294,8 @@ class EndpointClient:
         """The token ids the server makes of ``text`` (vLLM's and llama.cpp's ``/tokenize``;
         special tokens added as a completion request adds them); None when there is no such
         route or the answer has no token list. No retries."""
-        body: dict[str, Any] = {"prompt": text, "content": text, "add_special_tokens": True}
+        body: dict[str, Any] = {"prompt": text, "content": text}
+        body |= {"add_special_tokens": True, "add_special": True}  # vLLM's, llama.cpp's name
         if self.model is not None:
             body["model"] = self.model
         try:
@@ -391,7 +392,7 @@ class EndpointClient:
         n_tokens, source = _usage_tokens(obj)
         if n_tokens is None and tokens is not None:
             n_tokens, source = len(tokens), "logprobs"
-        ids = token_ids_of(tokens)
+        ids = token_ids_of(tokens) or logprob_ids(choice.get("logprobs"))
         return Reply(
             text=text,
             finish_reason=choice.get("finish_reason"),
@@ -576,3 +577,14 @@ def parse_prompt_logprobs(block: Any) -> tuple[PromptRow | None, ...] | None:
             row[tid] = (lp, rank)
         rows.append(row)
     return tuple(rows)
+
+
+def logprob_ids(block: Any) -> tuple[int, ...] | None:
+    """Token ids from a chat-style logprobs block whose items carry ``id`` (llama-server)."""
+    content = block.get("content") if isinstance(block, Mapping) else None
+    if not isinstance(content, list) or not content:
+        return None
+    ids = [item.get("id") if isinstance(item, Mapping) else None for item in content]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return None
+    return tuple(int(i) for i in ids)  # type: ignore[arg-type]

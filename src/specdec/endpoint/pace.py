@@ -39,6 +39,9 @@ class Pace:
         finally:
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - t
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
     def request(self, side: str, e2e_s: float, attempts: int) -> None:
         """One request's time; ``side`` is on, off, or another kind (e.g. score)."""
         self.request_s.setdefault(side, []).append(e2e_s)
