@@ -12,7 +12,9 @@ lookup (the spec-off server is the same engine without speculation). STEP:
 - ``bench``: both servers on both cores, the bench's concurrency sweep (1, 2, 4: llama-server
   gets 4 slots), greedy, 64 tokens, the six Spec-Bench categories.
 - ``certify``: each server on its own core (they work at once, one request each); the plan
-  is given by ``--plan`` (quick or the sizes below); resumable.
+  is given by ``--plan``: ``quick`` (specdec's), ``full`` (the sizes below) or ``budget:M``
+  (4 greedy prompts, 2 sampled prompts with up to 150 requests per side, as many as fit in M
+  minutes); resumable.
 - ``wrong``: ``certify --quick`` through ``wrong_proxy.py`` in front of the spec-on server
   (``--fault``); it must FAIL.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +40,18 @@ HERE = Path(__file__).resolve().parent
 SPECDEC = str(Path(sys.executable).parent / "specdec")
 PORTS = {"vllm": 18200, "llama-server": 18210, "llama-cpp-python": 18220}
 OFF_MODE = {"vllm": "off", "llama-server": "off", "llama-cpp-python": "off"}
+CERTIFY_BUDGET = [
+    "--greedy-prompts",
+    "4",
+    "--max-new-tokens",
+    "32",
+    "--sampled-prompts",
+    "2",
+    "--samples",
+    "150",
+    "--sample-tokens",
+    "8",
+]
 # full certify plan (quick is specdec's own --quick)
 CERTIFY_FULL = [
     "--greedy-prompts",
@@ -53,14 +68,21 @@ CERTIFY_FULL = [
 
 
 def spec_for(
-    engine: str, mode: str, port: int, root: Path, cpus: str, slots: int = 1
+    engine: str,
+    mode: str,
+    port: int,
+    root: Path,
+    cpus: str,
+    slots: int = 1,
+    model: str = S.TARGET,
+    batch_threads: bool = True,
 ) -> S.ServerSpec:
     if engine == "vllm":
         return S.vllm(mode, port, root=root, cpus=cpus)
     if engine == "llama-server":
-        return S.llama_server(mode, port, root=root, cpus=cpus, slots=slots)
+        return S.llama_server(mode, port, root=root, cpus=cpus, slots=slots, model=model)
     if engine == "llama-cpp-python":
-        return S.llama_cpp_python(mode, port, cpus=cpus)
+        return S.llama_cpp_python(mode, port, cpus=cpus, model=model, batch_threads=batch_threads)
     raise SystemExit(f"unknown engine {engine!r}")
 
 
@@ -100,14 +122,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("step", choices=("switch", "bench", "certify", "wrong"))
     ap.add_argument("--root", type=Path, default=S.DEFAULT_ROOT)
     ap.add_argument("--out", type=Path, default=S.REPO / "benchmarks/results/engines")
-    ap.add_argument("--plan", choices=("quick", "full"), default="full")
+    ap.add_argument("--plan", default="full", help="quick, full or budget:MINUTES")
     ap.add_argument("--fault", default="swap:0.5", help="wrong_proxy.py's --fault")
+    ap.add_argument(
+        "--model",
+        default=S.TARGET,
+        help=f"the GGUF target of the llama.cpp engines (default {S.TARGET}; {S.SMALL}: the "
+        "small test model, prompt lookup only)",
+    )
+    ap.add_argument(
+        "--default-batch-threads",
+        action="store_true",
+        help="llama-cpp-python: leave --n_threads_batch at its default (all cores)",
+    )
+    ap.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="certify: both servers on all cores (as a user starts them) instead of one each",
+    )
     a = ap.parse_args(argv)
+    # a plain `kill` ends the run through the `finally` blocks that stop the servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     out = a.out / a.engine
-    name = f"{a.step}-{a.mode}" + (f"-{a.fault.replace(':', '')}" if a.step == "wrong" else "")
-    if a.step == "certify" and a.plan == "quick":
-        name += "-quick"
+    name = f"{a.step}-{a.mode}"
+    if a.model != S.TARGET:
+        name += "-" + a.model.split("-")[0]
+    if a.step == "wrong":
+        name += "-" + a.fault.replace(":", "")
+    if a.step == "certify" and a.plan != "full":
+        name += "-" + a.plan.replace(":", "")
+    if a.default_batch_threads:
+        name += "-default-batch-threads"
+    if a.no_pin and a.step != "bench":
+        name += "-unpinned"
     log = Log(out / f"{name}.log")
     log.line(f"{a.engine} {a.mode} {a.step}: results in {out}")
     log.load("before")
@@ -115,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(os.environ.get("SPECDEC_ENGINE_LOGS", "/tmp/specdec-engine-logs"))
     rc = 0
     if a.step == "switch":
-        on = spec_for(a.engine, a.mode, port, a.root, "0-1")
+        on = spec_for(a.engine, a.mode, port, a.root, "0-1", model=a.model)
         with S.running([on], logs):
             rc = log.run(
                 [SPECDEC, "bench", "--endpoint", on.url, "--concurrency", "1",
@@ -124,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
     elif a.step == "bench":
         slots = 4 if a.engine == "llama-server" else 1
-        on = spec_for(a.engine, a.mode, port, a.root, "0-1", slots)
-        off = spec_for(a.engine, OFF_MODE[a.engine], port + 1, a.root, "0-1", slots)
+        on = spec_for(a.engine, a.mode, port, a.root, "0-1", slots, a.model)
+        off = spec_for(a.engine, OFF_MODE[a.engine], port + 1, a.root, "0-1", slots, a.model)
         results = out / f"{name}.jsonl"
         with S.running([off, on], logs):
             rc = log.run(
@@ -135,10 +183,18 @@ def main(argv: list[str] | None = None) -> int:
                 + (["--resume"] if results.exists() else [])
             )  # fmt: skip
     else:
-        on = spec_for(a.engine, a.mode, port, a.root, "0")
-        off = spec_for(a.engine, OFF_MODE[a.engine], port + 1, a.root, "1")
+        bt = not a.default_batch_threads
+        c_on, c_off = ("0-1", "0-1") if a.no_pin else ("0", "1")
+        on = spec_for(a.engine, a.mode, port, a.root, c_on, model=a.model, batch_threads=bt)
+        off = spec_for(
+            a.engine, OFF_MODE[a.engine], port + 1, a.root, c_off, model=a.model, batch_threads=bt
+        )
         cert = out / name
-        plan = CERTIFY_FULL if a.step == "certify" and a.plan == "full" else ["--quick"]
+        plan = ["--quick"]
+        if a.step == "certify" and a.plan == "full":
+            plan = CERTIFY_FULL
+        elif a.step == "certify" and a.plan.startswith("budget:"):
+            plan = [*CERTIFY_BUDGET, "--max-minutes", a.plan.split(":", 1)[1]]
         with S.running([off, on], logs):
             target = on.url
             proxy = None

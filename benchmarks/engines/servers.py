@@ -214,11 +214,18 @@ def llama_server(
 
 
 def llama_cpp_python(
-    mode: str, port: int, *, cpus: str = "0-1", model: str = TARGET, lookup: int = K
+    mode: str,
+    port: int,
+    *,
+    cpus: str = "0-1",
+    model: str = TARGET,
+    lookup: int = K,
+    batch_threads: bool = True,
 ) -> ServerSpec:
     """llama-cpp-python's server: mode "off" or "lookup" (its prompt-lookup drafter, the only
     one its server offers). Both thread counts set: ``n_threads_batch`` defaults to all cores,
-    which makes every verification pass compete with the other server."""
+    which makes every verification pass compete with the other server (``batch_threads=False``
+    leaves it at that default, as the issue's run did)."""
     threads = str(len(_cpu_list(cpus)))
     argv = [
         sys.executable,
@@ -234,8 +241,7 @@ def llama_cpp_python(
         "2048",
         "--n_threads",
         threads,
-        "--n_threads_batch",
-        threads,
+        *(["--n_threads_batch", threads] if batch_threads else []),
         "--model_alias",
         "qwen2.5-coder-1.5b" if model == TARGET else model,
         "--interrupt_requests",
