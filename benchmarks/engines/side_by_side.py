@@ -46,9 +46,10 @@ from typing import Any
 import servers as S
 
 from specdec.bench.analysis import cluster_bootstrap_geomean
-from specdec.bench.prompts import select_prompts
 from specdec.endpoint.client import EndpointClient, EndpointConfig, Reply, Request
 from specdec.endpoint.pairing import SWITCH_OFF
+from specdec.machine import machine_info
+from specdec.prompt_sets import select_prompts
 
 OUT = S.REPO / "benchmarks/results/engines/side-by-side.jsonl"
 MAX_TOKENS = 64
@@ -133,7 +134,7 @@ async def measure(v: Variant, prompts: Sequence[str], seed: int) -> dict[str, An
 def machine() -> dict[str, Any]:
     flags = sorted({w for w in Path("/proc/cpuinfo").read_text().split() if w.startswith("avx512")})
     return {
-        "cpus": os.cpu_count(),
+        **machine_info(),
         "avx512": flags,
         "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
     }
