@@ -76,13 +76,16 @@ def spec_for(
     slots: int = 1,
     model: str = S.TARGET,
     batch_threads: bool = True,
+    threads: int | None = None,
 ) -> S.ServerSpec:
     if engine == "vllm":
         return S.vllm(mode, port, root=root, cpus=cpus)
     if engine == "llama-server":
         return S.llama_server(mode, port, root=root, cpus=cpus, slots=slots, model=model)
     if engine == "llama-cpp-python":
-        return S.llama_cpp_python(mode, port, cpus=cpus, model=model, batch_threads=batch_threads)
+        return S.llama_cpp_python(
+            mode, port, cpus=cpus, model=model, batch_threads=batch_threads, threads=threads
+        )
     raise SystemExit(f"unknown engine {engine!r}")
 
 
@@ -140,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="certify: both servers on all cores (as a user starts them) instead of one each",
     )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="llama-cpp-python: --n_threads per server (default: one per core it runs on); "
+        "with --no-pin --default-batch-threads --threads 1 the servers start as in the issue",
+    )
     a = ap.parse_args(argv)
     # a plain `kill` ends the run through the `finally` blocks that stop the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -156,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         name += "-default-batch-threads"
     if a.no_pin and a.step != "bench":
         name += "-unpinned"
+    if a.threads:
+        name += f"-t{a.threads}"
     log = Log(out / f"{name}.log")
     log.line(f"{a.engine} {a.mode} {a.step}: results in {out}")
     log.load("before")
@@ -185,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         bt = not a.default_batch_threads
         c_on, c_off = ("0-1", "0-1") if a.no_pin else ("0", "1")
-        on = spec_for(a.engine, a.mode, port, a.root, c_on, model=a.model, batch_threads=bt)
-        off = spec_for(
-            a.engine, OFF_MODE[a.engine], port + 1, a.root, c_off, model=a.model, batch_threads=bt
+        on, off = (
+            spec_for(
+                a.engine, mode, p, a.root, c, model=a.model, batch_threads=bt, threads=a.threads
+            )
+            for mode, p, c in ((a.mode, port, c_on), (OFF_MODE[a.engine], port + 1, c_off))
         )
         cert = out / name
         plan = ["--quick"]

@@ -221,12 +221,14 @@ def llama_cpp_python(
     model: str = TARGET,
     lookup: int = K,
     batch_threads: bool = True,
+    threads: int | None = None,
 ) -> ServerSpec:
     """llama-cpp-python's server: mode "off" or "lookup" (its prompt-lookup drafter, the only
     one its server offers). Both thread counts set: ``n_threads_batch`` defaults to all cores,
     which makes every verification pass compete with the other server (``batch_threads=False``
-    leaves it at that default, as the issue's run did)."""
-    threads = str(len(_cpu_list(cpus)))
+    leaves it at that default, as the issue's run did). ``threads``: ``--n_threads`` (default:
+    one per CPU in ``cpus``)."""
+    n = str(threads or len(_cpu_list(cpus)))
     argv = [
         sys.executable,
         "-m",
@@ -240,8 +242,8 @@ def llama_cpp_python(
         "--n_ctx",
         "2048",
         "--n_threads",
-        threads,
-        *(["--n_threads_batch", threads] if batch_threads else []),
+        n,
+        *(["--n_threads_batch", n] if batch_threads else []),
         "--model_alias",
         "qwen2.5-coder-1.5b" if model == TARGET else model,
         "--interrupt_requests",
