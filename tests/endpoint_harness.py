@@ -147,6 +147,139 @@ def proxy_app(upstream: str, faults: ProxyFaults) -> Any:
     return app
 
 
+# -- a token-id server (the parts of vLLM's API the per-token test uses) ----------------------
+
+
+@dataclass
+class TokenServerState:
+    in_flight: int = 0
+    max_in_flight: int = 0
+    requests: int = 0
+
+
+def token_server_app(
+    *,
+    vocab: int = 32,
+    sharpen: float = 1.0,
+    delay: float = 0.0,
+    shared: TokenServerState | None = None,
+    fail_after: int | None = None,
+) -> Any:
+    """A vLLM-like completions server over a mock model: text or token-id prompts, seeds,
+    ``logprobs`` with ``return_tokens_as_token_ids``, ``prompt_logprobs`` (top N by rank plus
+    the position's own token), ``/tokenize``. ``sharpen`` != 1 samples at temperature
+    T / sharpen (a server with a wrong sampler); ``shared`` counts requests in flight across
+    servers; ``fail_after`` answers HTTP 400 after that many completions (a crash)."""
+    import asyncio
+
+    import numpy as np
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from specdec.models.mock import MockLM, MockSpec
+
+    model = MockLM(MockSpec(vocab_size=vocab, order=2, sharpness=1.5, eos_token_id=vocab + 1))
+    tok = model.tokenizer
+    own = TokenServerState()
+
+    def log_softmax(x: np.ndarray) -> np.ndarray:
+        x = x - x.max()
+        return x - np.log(np.exp(x).sum())
+
+    rows: dict[tuple[int, ...], np.ndarray] = {}
+
+    def row(ctx: list[int]) -> np.ndarray:
+        key = tuple(ctx[-model.spec.order :])  # the mock's logits depend on this window only
+        if key not in rows:
+            rows[key] = log_softmax(model.logits_for_context(ctx).double().numpy())
+        return rows[key]
+
+    def ranked(lp: np.ndarray, n: int, own_id: int) -> dict[str, Any]:
+        order = np.argsort(-lp, kind="stable")
+        rank = {int(t): r + 1 for r, t in enumerate(order)}
+        keep = [int(t) for t in order[:n]] + [own_id]
+        return {str(t): {"logprob": float(lp[t]), "rank": rank[t]} for t in keep}
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "mockv", "object": "model"}]})
+
+    async def tokenize(request: Request) -> JSONResponse:
+        body = await request.json()
+        return JSONResponse({"tokens": tok.encode(body["prompt"])})
+
+    async def complete(request: Request) -> JSONResponse:
+        body = await request.json()
+        own.requests += 1
+        if fail_after is not None and own.requests > fail_after:
+            return JSONResponse({"error": {"message": "crashed"}}, 400)
+        for st in (own, shared):
+            if st is not None:
+                st.in_flight += 1
+                st.max_in_flight = max(st.max_in_flight, st.in_flight)
+        try:
+            if delay:
+                await asyncio.sleep(delay)
+            prompt = body["prompt"]
+            ids = tok.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+            temp = float(body.get("temperature") or 0.0)
+            rng = np.random.default_rng(int(body.get("seed") or 0))
+            out: list[int] = []
+            tops: list[dict[str, float]] = []
+            for _ in range(int(body.get("max_tokens") or 16)):
+                lp = row(ids + out)
+                if temp > 0:
+                    p = np.exp(log_softmax(lp / (temp / sharpen)))
+                    t = int(rng.choice(vocab, p=p / p.sum()))
+                else:
+                    t = int(np.argmax(lp))
+                n_top = int(body.get("logprobs") or 0)
+                best = np.argsort(-lp, kind="stable")[:n_top]
+                tops.append({f"token_id:{int(b)}": float(lp[b]) for b in best})
+                out.append(t)
+            ids_as = bool(body.get("return_tokens_as_token_ids"))
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": tok.decode(out),
+                "finish_reason": "length",
+                "logprobs": None,
+            }
+            if body.get("logprobs"):
+                choice["logprobs"] = {
+                    "tokens": [f"token_id:{t}" if ids_as else tok.decode([t]) for t in out],
+                    "token_logprobs": [float(row(ids + out[:j])[t]) for j, t in enumerate(out)],
+                    "top_logprobs": tops
+                    if ids_as
+                    else [{tok.decode([int(k[9:])]): v for k, v in d.items()} for d in tops],
+                }
+            if body.get("prompt_logprobs") is not None:
+                n = int(body["prompt_logprobs"])
+                choice["prompt_logprobs"] = [None] + [
+                    ranked(row(ids[:j]), n, ids[j]) for j in range(1, len(ids))
+                ]
+            usage = {"prompt_tokens": len(ids), "completion_tokens": len(out)}
+            if body.get("stream"):
+                chunks = [{"choices": [choice]}, {"choices": [], "usage": usage}]
+                sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+                return Response(sse, media_type="text/event-stream")
+            return JSONResponse({"object": "text_completion", "choices": [choice], "usage": usage})
+        finally:
+            for st in (own, shared):
+                if st is not None:
+                    st.in_flight -= 1
+
+    app = Starlette(
+        routes=[
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/v1/completions", complete, methods=["POST"]),
+        ]
+    )
+    app.state.counts = own
+    return app
+
+
 # -- llama-cpp-python's OpenAI server ----------------------------------------------------------
 
 

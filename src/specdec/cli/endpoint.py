@@ -98,15 +98,39 @@ def add_certify_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="requests in flight at once in the sampled tests (1; more is faster but lets "
-        "batching change a server's numerics)",
+        help="requests in flight at once per server (1; more is faster but lets batching "
+        "change a server's numerics). With --endpoint-off both servers work at once",
     )
     g.add_argument(
         "--samples",
         type=int,
         default=None,
         metavar="N",
-        help="independent requests per prompt and side in the sampled tests (quick 60, full 250)",
+        help="independent requests per prompt and side in the sampled tests (full 250; quick: "
+        "up to 150, as many as fit in --max-minutes)",
+    )
+    g.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        metavar="M",
+        help="time budget of the run: a pilot times the sampled requests and lowers --samples "
+        "to what fits, not below 30 (quick 5; 0 or unset without --quick: no budget)",
+    )
+    g.add_argument(
+        "--pertoken",
+        choices=("auto", "off"),
+        default="auto",
+        help="the per-token test of every spec-on token against the spec-off server's rows "
+        "(auto: where the servers return token ids and prompt logprobs, e.g. vLLM)",
+    )
+    g.add_argument(
+        "--pertoken-top",
+        type=int,
+        default=20,
+        metavar="N",
+        help="top tokens per row in the per-token test; the rest is one category (20, "
+        "vLLM's default --max-logprobs)",
     )
     g.add_argument(
         "--tie-gap",
@@ -278,6 +302,12 @@ def _certify_command(args: argparse.Namespace) -> str:
         parts.append("--quick")
     if args.scale != 1.0:
         parts += ["--scale", str(args.scale)]
+    if args.concurrency != 1:
+        parts += ["--concurrency", str(args.concurrency)]
+    if args.pertoken != "auto":
+        parts += ["--pertoken", args.pertoken]
+    if args.max_minutes is not None:
+        parts += ["--max-minutes", f"{args.max_minutes:g}"]
     return " ".join(shlex.quote(x) for x in parts)
 
 
@@ -288,7 +318,9 @@ def run_certify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from specdec.certify.prompts import load_prompt_texts
-    from specdec.endpoint.certify import FAIL, make_plan, run_endpoint_certify, write_certificate
+    from specdec.endpoint.certify import FAIL, make_plan
+    from specdec.endpoint.certify_report import write_certificate
+    from specdec.endpoint.certify_run import run_endpoint_certify
     from specdec.endpoint.pairing import make_sides
 
     _refuse(
@@ -300,7 +332,6 @@ def run_certify(args: argparse.Namespace) -> int:
             "plain_seeds": None,
             "plain_tv_threshold": None,
             "inject_fault": None,
-            "resume": False,
             "n_prompts": None,
         },
     )
@@ -322,6 +353,9 @@ def run_certify(args: argparse.Namespace) -> int:
         top_logprobs=args.top_logprobs,
         seed=args.seed,
         concurrency=args.concurrency,
+        pertoken=args.pertoken == "auto",
+        pertoken_top=args.pertoken_top,
+        max_seconds=None if args.max_minutes is None else args.max_minutes * 60,
     )
     sides = make_sides(_config(args), args.endpoint_off, args.endpoint_off_model)
 
@@ -329,9 +363,17 @@ def run_certify(args: argparse.Namespace) -> int:
         print(f"specdec certify: {msg}", file=sys.stderr, flush=True)
 
     cert = asyncio.run(
-        run_endpoint_certify(plan, sides, command=_certify_command(args), progress=say)
+        run_endpoint_certify(
+            plan,
+            sides,
+            command=_certify_command(args),
+            progress=say,
+            out_dir=Path(args.out),
+            resume=args.resume,
+        )
     )
     j, m = write_certificate(cert, Path(args.out))
     print(cert.verdict_line())
+    print(cert.power_line())
     print(f"wrote {m} and {j}")
     return 1 if cert.status == FAIL else 0

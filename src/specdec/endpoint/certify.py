@@ -20,29 +20,28 @@ per-request switch, or two servers):
    statistics at family-wise ``alpha``. Power: the smallest TV (on the pooled categories,
    present in every prompt) each statistic detects with 80 % probability, analytically and
    re-checked by a seeded simulation on the observed spec-off frequencies.
+3. **Per-token test** (``specdec.endpoint.pertoken``), where both servers speak token ids
+   (vLLM): every token of every spec-on sample scored against the spec-off server's row at
+   its position; a fifth member of the Holm family.
 
-What a remote test cannot show is written into the certificate (``LIMITS``).
+The requests are made by ``specdec.endpoint.certify_run`` (resumable, both servers at once);
+the certificate's markdown by ``specdec.endpoint.certify_report``. What a remote test cannot
+show is written into the certificate (``LIMITS``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
-import random
 import re
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from specdec.bounds import check_scale
-from specdec.endpoint.client import EndpointClient, Reply, Request
-from specdec.endpoint.errors import EndpointError
-from specdec.endpoint.pairing import Sides, check_off_reply, open_clients, probe_switch
+from specdec.endpoint.client import Reply
+from specdec.endpoint.pertoken import DEFAULT_TOP, PerTokenResult
 from specdec.errors import ConfigError
 from specdec.jsonable import json_ready
 from specdec.stats import (
@@ -57,6 +56,8 @@ from specdec.stats import (
 )
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
+QUICK_SAMPLES = 150  # per prompt and side, at most (the time budget may lower it)
+QUICK_SECONDS = 300.0
 VERDICT = {PASS: "PASS", WARN: "PASS WITH CAVEATS", FAIL: "FAIL"}
 STATISTICS = ("piece 1", "piece 2", "piece 3", "text")
 NONE = "<none>"
@@ -71,9 +72,10 @@ LIMITS = (
     "for differences on the pooled categories.",
     "Logprobs, where a server returns them, are its top-N rows only (OpenAI's API allows at "
     "most 20): a near-tie can be recognised only when both competing tokens are among them.",
-    "No per-token test: scoring the spec-on samples against the spec-off server's rows needs "
-    "token ids that line up between the two servers, which the OpenAI text API does not "
-    "guarantee (re-tokenising a completion can split it differently). Not implemented.",
+    "The per-token test runs only where the spec-on server returns token ids and the spec-off "
+    "server scores a token-id prompt with prompt_logprobs (vLLM); a text API alone gives no "
+    "ids that line up (re-tokenising a completion can split it differently). It sees the "
+    "spec-off rows' top N tokens and one category for the rest of the vocabulary.",
     "Numerics that depend on what else the server is running (batch composition in vLLM and "
     "llama-server with several slots) change outputs; run on an otherwise idle server and "
     "read a greedy near-tie as such an effect only within the stated gap.",
@@ -99,7 +101,13 @@ class EndpointCertifyPlan:
     seed: int = 0
     power: float = 0.8
     power_trials: int = 200
-    concurrency: int = 1
+    concurrency: int = 1  # requests in flight per server
+    pertoken: bool = True  # where the servers allow it (and the sampling is T = 1, no cut-off)
+    pertoken_top: int = DEFAULT_TOP
+    # a time budget for the whole run: a pilot (not part of the tests) times the requests,
+    # then ``samples`` is lowered to what fits, but not below ``min_samples``
+    max_seconds: float | None = None
+    min_samples: int = 30
 
     def __post_init__(self) -> None:
         if not self.prompts:
@@ -120,6 +128,17 @@ class EndpointCertifyPlan:
             raise ConfigError("tie gap must be >= 0 and concurrency >= 1")
         if not 1 <= self.top_logprobs <= 20:
             raise ConfigError(f"top logprobs must be in 1..20, got {self.top_logprobs}")
+        if self.pertoken_top < 1:
+            raise ConfigError(f"per-token top N must be >= 1, got {self.pertoken_top}")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ConfigError(f"the time budget must be > 0 seconds, got {self.max_seconds}")
+        if self.min_samples < 2:
+            raise ConfigError(f"min samples must be >= 2, got {self.min_samples}")
+
+    @property
+    def pertoken_sampling(self) -> bool:
+        """Whether the sampling is the model's raw distribution (what the rows describe)."""
+        return self.temperature == 1.0 and self.top_p >= 1.0 and self.top_k <= 0
 
     def greedy_texts(self) -> list[str]:
         return [self.prompts[i % len(self.prompts)] for i in range(self.greedy_prompts)]
@@ -131,21 +150,25 @@ class EndpointCertifyPlan:
 def make_plan(
     prompts: Sequence[str], *, quick: bool, scale: float = 1.0, **overrides: Any
 ) -> EndpointCertifyPlan:
-    """The quick (a smoke test, minutes on a small model) or full plan; ``overrides`` that
-    are not None replace plan fields; ``scale`` multiplies the sample count."""
+    """The quick or the full plan; ``overrides`` that are not None replace plan fields;
+    ``scale`` multiplies the sample count. Quick is a 5-minute certificate: as many sampled
+    requests (up to 150 per prompt and side, at least 30) as a pilot says fit in 5 minutes."""
     base: dict[str, Any] = (
         {
             "greedy_prompts": 2,
             "greedy_tokens": 32,
             "sampled_prompts": 2,
-            "samples": 60,
+            "samples": QUICK_SAMPLES,
             "sample_tokens": 8,
+            "max_seconds": QUICK_SECONDS,
         }
         if quick
         else {}
     )
     base.update({k: v for k, v in overrides.items() if v is not None})
     check_scale(scale)  # finite: inf or 1e300 would overflow the sample count
+    if base.get("max_seconds") == 0:  # no time budget
+        base["max_seconds"] = None
     if scale != 1.0:
         n = base.get("samples", EndpointCertifyPlan.samples)
         base["samples"] = max(2, round(n * scale))
@@ -171,6 +194,10 @@ class GreedyCase:
     gap_on: float | None = None  # nats, in the spec-on side's row
     gap_off: float | None = None
     reason: str = ""
+    # where a gap came from: "reported" (the row the side returned with its output), or
+    # "follow-up" (a second request for that position's row: the side returned none there)
+    gap_on_source: str | None = None
+    gap_off_source: str | None = None
 
 
 def _gap(row: Mapping[str, float] | None, mine: str, other: str) -> float | None:
@@ -179,7 +206,17 @@ def _gap(row: Mapping[str, float] | None, mine: str, other: str) -> float | None
     return float(row[mine] - row[other])
 
 
-def compare_greedy(prompt: str, on: Reply, off: Reply, tie_gap: float) -> GreedyCase:
+def compare_greedy(
+    prompt: str,
+    on: Reply,
+    off: Reply,
+    tie_gap: float,
+    follow_up: tuple[Mapping[str, float] | None, Mapping[str, float] | None] = (None, None),
+) -> GreedyCase:
+    """Compare one prompt's greedy outputs. ``follow_up`` holds rows for the divergence
+    position fetched by a second request (spec-on, spec-off), used for a side whose own row
+    lacks a competing token; in such a row the chosen token may also trail (the row comes
+    from another pass), so its gap counts by its absolute value."""
     d = first_difference(on.text, off.text)
     if d is None:
         return GreedyCase(prompt, "identical", on.text, off.text)
@@ -210,12 +247,23 @@ def compare_greedy(prompt: str, on: Reply, off: Reply, tie_gap: float) -> Greedy
     row_on = on.top_logprobs[j] if on.top_logprobs and j < len(on.top_logprobs) else None
     row_off = off.top_logprobs[j] if off.top_logprobs and j < len(off.top_logprobs) else None
     gap_on, gap_off = _gap(row_on, t_on, t_off), _gap(row_off, t_off, t_on)
+    src_on = src_off = "reported"
+    if gap_on is None and (g := _gap(follow_up[0], t_on, t_off)) is not None:
+        gap_on, src_on = abs(g), "follow-up"
+    if gap_off is None and (g := _gap(follow_up[1], t_off, t_on)) is not None:
+        gap_off, src_off = abs(g), "follow-up"
     case |= {"gap_on": gap_on, "gap_off": gap_off}
+    case |= {"gap_on_source": src_on if gap_on is not None else None}
+    case |= {"gap_off_source": src_off if gap_off is not None else None}
     if gap_on is None or gap_off is None:
         reason = "a competing token is not among the returned top logprobs"
         return GreedyCase(prompt, "differs", on.text, off.text, reason=reason, **case)
     if gap_on <= tie_gap and gap_off <= tie_gap:
-        reason = f"both gaps <= {tie_gap:g} nats"
+        reason = f"both gaps <= {tie_gap:g} nats" + (
+            " (a gap from a follow-up request for that position's row)"
+            if "follow-up" in (src_on, src_off)
+            else ""
+        )
         return GreedyCase(prompt, "near-tie", on.text, off.text, reason=reason, **case)
     reason = f"a gap above {tie_gap:g} nats: not a near-tie"
     return GreedyCase(prompt, "differs", on.text, off.text, reason=reason, **case)
@@ -324,10 +372,13 @@ def sampled_tests(
     texts_off: Sequence[Sequence[str]],
     plan: EndpointCertifyPlan,
     rng: np.random.Generator,
+    *,
+    family: int = len(STATISTICS),
 ) -> list[StatisticTest]:
-    """The four statistics' combined tests, Holm-adjusted, with their power."""
-    m = len(STATISTICS)
-    level = plan.alpha / m  # Holm's first step: a conservative level for the power
+    """The four statistics' combined tests, Holm-adjusted among themselves, with their power
+    at alpha / ``family`` (the size of the certificate's Holm family; ``joint_holm`` adjusts
+    the whole family when the per-token test joins it)."""
+    level = plan.alpha / family  # Holm's first step: a conservative level for the power
     raw: list[tuple[str, float, int, float, list[dict[str, Any]], float, float]] = []
     for name in STATISTICS:
         tables = []
@@ -374,7 +425,22 @@ def sampled_tests(
     ]
 
 
-# -- the run -----------------------------------------------------------------------------
+def joint_holm(
+    tests: Sequence[StatisticTest], pertoken: PerTokenResult | None, alpha: float
+) -> tuple[list[StatisticTest], PerTokenResult | None]:
+    """Holm over the sampled statistics and the per-token test together."""
+    raw = [t.pvalue for t in tests] + ([pertoken.pvalue] if pertoken is not None else [])
+    if not raw:
+        return list(tests), pertoken
+    adj = [float(a) for a in holm_adjust(raw)]
+    out = [replace(t, adjusted_p=a, rejected=a <= alpha) for t, a in zip(tests, adj, strict=False)]
+    if pertoken is not None:
+        a = adj[-1]
+        pertoken = replace(pertoken, adjusted_p=a, rejected=a <= alpha or pertoken.impossible > 0)
+    return out, pertoken
+
+
+# -- the certificate ---------------------------------------------------------------------
 
 
 @dataclass
@@ -391,6 +457,9 @@ class EndpointCertificate:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     command: str = ""
+    pertoken: PerTokenResult | None = None
+    pertoken_note: str | None = None  # why the per-token test did not run
+    timing: dict[str, Any] = field(default_factory=dict)
 
     def verdict_line(self) -> str:
         n_same = sum(c.status == "identical" for c in self.greedy)
@@ -402,9 +471,36 @@ class EndpointCertificate:
             rej = sum(t.rejected for t in self.tests)
             pmin = min(t.adjusted_p for t in self.tests)
             parts.append(f"sampled {rej}/{len(self.tests)} tests rejected (min Holm p {pmin:.3g})")
+        if self.pertoken is not None:
+            pt = self.pertoken
+            parts.append(
+                f"per-token {'REJECTED' if pt.rejected else 'not rejected'} "
+                f"({pt.n_tokens} tokens, Holm p {pt.adjusted_p:.3g})"
+            )
         if self.drafted_on is not None:
             parts.append(f"spec-on drafted {self.drafted_on}, accepted {self.accepted_on}")
         return f"endpoint certificate: {VERDICT[self.status]}: " + "; ".join(parts)
+
+    def power_line(self) -> str:
+        """The stated power in one line (what a PASS of this size can and cannot rule out)."""
+        bits = []
+        tvs = [t.min_detectable_tv for t in self.tests if math.isfinite(t.min_detectable_tv)]
+        if tvs:
+            n = self.plan.get("sampled_prompts", 0) * self.plan.get("samples", 0)
+            bits.append(
+                f"the sampled tests find a TV of {min(tvs):.2g}-{max(tvs):.2g} on their pooled "
+                f"categories with 80 % probability ({n} requests per side)"
+            )
+        if self.pertoken is not None:
+            mdt = [v for v in self.pertoken.min_detectable_tv.values() if math.isfinite(v)]
+            if mdt:
+                bits.append(
+                    f"the per-token test finds a per-token TV of {min(mdt):.2g}-{max(mdt):.2g} "
+                    f"(top {self.pertoken.top} + rest; {self.pertoken.n_tokens} tokens)"
+                )
+        elif self.pertoken_note:
+            bits.append(f"no per-token test ({self.pertoken_note})")
+        return "power: " + ("; ".join(bits) if bits else "no sampled tests") + "."
 
     def to_dict(self) -> dict[str, Any]:
         return json_ready(
@@ -417,6 +513,10 @@ class EndpointCertificate:
                 "plan": self.plan,
                 "greedy": [asdict(c) for c in self.greedy],
                 "sampled_tests": [asdict(t) for t in self.tests],
+                "pertoken_test": self.pertoken.to_dict() if self.pertoken else None,
+                "pertoken_note": self.pertoken_note,
+                "power": self.power_line(),
+                "timing": self.timing,
                 "drafted_on": self.drafted_on,
                 "accepted_on": self.accepted_on,
                 "notes": self.notes,
@@ -425,244 +525,3 @@ class EndpointCertificate:
                 "command": self.command,
             }
         )
-
-
-async def _bounded(jobs: Sequence[Callable[[], Any]], concurrency: int) -> list[Any]:
-    """Run the coroutine factories with at most ``concurrency`` at a time, in order."""
-    gate = asyncio.Semaphore(concurrency)
-
-    async def run(job: Callable[[], Any]) -> Any:
-        async with gate:
-            return await job()
-
-    tasks = [asyncio.create_task(run(j)) for j in jobs]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
-
-
-def _seeds(plan: EndpointCertifyPlan, prompt_index: int) -> tuple[list[int], list[int]]:
-    """Disjoint seeds for the two sides of one prompt (from the plan's seed only)."""
-    rng = np.random.default_rng([plan.seed, prompt_index])
-    seeds = rng.choice(2**31 - 1, size=2 * plan.samples, replace=False)
-    return [int(s) for s in seeds[: plan.samples]], [int(s) for s in seeds[plan.samples :]]
-
-
-async def run_endpoint_certify(
-    plan: EndpointCertifyPlan,
-    sides: Sides,
-    *,
-    command: str = "",
-    progress: Callable[[str], None] = lambda _: None,
-) -> EndpointCertificate:
-    t_start = time.monotonic()
-    jitter = random.Random(plan.seed)
-    notes: list[str] = []
-    drafted: list[int] = []
-    accepted: list[int] = []
-    on, off = open_clients(sides, jitter)
-    async with on, off:
-        model = await on.resolve_model()
-        await off.resolve_model()
-        check = await probe_switch(on, off, sides.switch)
-        notes.extend(check.notes)
-
-        def count(reply: Reply) -> Reply:
-            if reply.counters is not None:
-                drafted.append(reply.counters.drafted)
-                accepted.append(reply.counters.accepted)
-            return reply
-
-        # greedy agreement (logprobs asked for where the server gives them)
-        greedy: list[GreedyCase] = []
-        texts = plan.greedy_texts()
-        if texts:
-            logprobs = await _logprobs_supported(on, off, plan.top_logprobs)
-            if not logprobs:
-                notes.append(
-                    "the server returns no logprobs: greedy divergences cannot be "
-                    "checked for near-ties"
-                )
-            progress(f"greedy agreement on {len(texts)} prompts")
-            for i, prompt in enumerate(texts):
-                req = Request(
-                    prompt,
-                    plan.greedy_tokens,
-                    temperature=0.0,
-                    seed=plan.seed + i,
-                    logprobs=plan.top_logprobs if logprobs else None,
-                    stream=False,
-                )
-                r_on = count(await on.generate(req))
-                r_off = await off.generate(req)
-                check_off_reply(r_off, sides)
-                greedy.append(compare_greedy(prompt, r_on, r_off, plan.tie_gap))
-
-        # sampled two-sample tests, one independent request per unit
-        samples_on: list[list[str]] = []
-        samples_off: list[list[str]] = []
-        for i, prompt in enumerate(plan.sampled_texts()):
-            progress(
-                f"sampled prompt {i + 1}/{plan.sampled_prompts}: {plan.samples} requests per side"
-            )
-            seeds_on, seeds_off = _seeds(plan, i)
-
-            def job(client: EndpointClient, seed: int, prompt: str = prompt) -> Callable[[], Any]:
-                req = Request(
-                    prompt,
-                    plan.sample_tokens,
-                    temperature=plan.temperature,
-                    seed=seed,
-                    top_p=plan.top_p,
-                    top_k=plan.top_k,
-                    stream=False,
-                )
-                return lambda: client.generate(req)
-
-            jobs = []
-            for s_on, s_off in zip(seeds_on, seeds_off, strict=True):  # interleaved
-                jobs += [job(on, s_on), job(off, s_off)]
-            replies: list[Reply] = await _bounded(jobs, plan.concurrency)
-            for r in replies[1::2]:
-                check_off_reply(r, sides)
-            samples_on.append([count(r).text for r in replies[0::2]])
-            samples_off.append([r.text for r in replies[1::2]])
-    tests = (
-        sampled_tests(samples_on, samples_off, plan, np.random.default_rng(plan.seed + 12345))
-        if samples_on
-        else []
-    )
-    status = PASS
-    if any(c.status == "near-tie" for c in greedy):
-        status = WARN
-    if drafted and sum(drafted) == 0:
-        notes.append(
-            "the spec-on side drafted nothing in any request: this run shows nothing "
-            "about speculation"
-        )
-        status = WARN if status == PASS else status
-    if not drafted:
-        notes.append(
-            "the spec-on side reports no draft counters: that it speculated at all is not checked"
-        )
-    if any(c.status == "differs" for c in greedy) or any(t.rejected for t in tests):
-        status = FAIL
-    return EndpointCertificate(
-        status=status,
-        sides=sides.describe(),
-        model=model,
-        api=sides.on.api,
-        plan={k: v for k, v in asdict(plan).items() if k != "prompts"}
-        | {"n_prompts": len(plan.prompts)},
-        greedy=greedy,
-        tests=tests,
-        drafted_on=sum(drafted) if drafted else None,
-        accepted_on=sum(accepted) if drafted else None,
-        notes=notes,
-        seconds=time.monotonic() - t_start,
-        command=command,
-    )
-
-
-async def _logprobs_supported(on: EndpointClient, off: EndpointClient, n: int) -> bool:
-    """Whether both sides answer a request that asks for top logprobs with logprobs."""
-    req = Request("Hello", 2, temperature=0.0, seed=0, logprobs=n, stream=False)
-    for client in (on, off):
-        try:
-            reply = await client.generate(req)
-        except EndpointError as e:
-            if "logprob" in str(e).lower():
-                return False
-            raise
-        if reply.tokens is None:
-            return False
-    return True
-
-
-# -- outputs -----------------------------------------------------------------------------
-
-
-def _f(x: float | None, spec: str = ".3g") -> str:
-    return "n/a" if x is None or not math.isfinite(x) else format(x, spec)
-
-
-def render_markdown(cert: EndpointCertificate) -> str:
-    p = cert.plan
-    out = [f"# Endpoint certificate: {VERDICT[cert.status]}", ""]
-    out += [f"- sides: {cert.sides}", f"- model: `{cert.model}` ({cert.api} API)"]
-    if cert.command:
-        out.append(f"- command: `{cert.command}`")
-    out.append(f"- time: {cert.seconds:.0f} s")
-    if cert.drafted_on is not None:
-        out.append(f"- spec-on drafted {cert.drafted_on} tokens, accepted {cert.accepted_on}")
-    for n in cert.notes:
-        out.append(f"- note: {n}")
-    out += ["", "## Greedy agreement", ""]
-    out.append(
-        f"{len(cert.greedy)} prompts, {p['greedy_tokens']} tokens, temperature 0; a divergence "
-        f"is a near-tie only when both log-probability gaps are <= {p['tie_gap']:g} nats "
-        "(fixed before the run)."
-    )
-    out.append("")
-    for i, c in enumerate(cert.greedy):
-        if c.status == "identical":
-            out.append(f"- prompt {i + 1}: identical ({len(c.on_text)} characters)")
-            continue
-        out.append(f"- prompt {i + 1}: **{c.status}** at character {c.char_index}: {c.reason}")
-        out.append(f"  - before: {c.context!r}")
-        out.append(f"  - spec-on: {c.on_next!r}; spec-off: {c.off_next!r}")
-        if c.token_index is not None:
-            out.append(
-                f"  - tokens from {c.token_index}: spec-on {list(c.on_tokens or ())}, "
-                f"spec-off {list(c.off_tokens or ())}; gaps (nats) on {_f(c.gap_on)}, "
-                f"off {_f(c.gap_off)}"
-            )
-    if cert.tests:
-        out += ["", "## Sampled two-sample tests", ""]
-        out.append(
-            f"{p['sampled_prompts']} prompts x {p['samples']} independent requests per side, "
-            f"{p['sample_tokens']} tokens, temperature {p['temperature']:g}, top-p "
-            f"{p['top_p']:g}, top-k {p['top_k']}; disjoint seeds per side; unit = one "
-            f"request; chi-square homogeneity per prompt, summed over prompts; Holm at "
-            f"alpha {p['alpha']:g}."
-        )
-        out += [
-            "",
-            "| statistic | chi2 | dof | p | Holm p | rejected | detects TV (80 %) | "
-            "simulated power there |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for t in cert.tests:
-            out.append(
-                f"| {t.name} | {_f(t.statistic)} | {t.dof} | {_f(t.pvalue)} | "
-                f"{_f(t.adjusted_p)} | {'**yes**' if t.rejected else 'no'} | "
-                f"{_f(t.min_detectable_tv)} | {_f(t.simulated_power, '.2f')} |"
-            )
-        out.append("")
-        out.append(
-            "'Detects TV': the smallest total-variation distance on the pooled categories, "
-            "present in every prompt, that the statistic's test finds with 80 % probability "
-            "at alpha / 4 (analytic, noncentral chi-square); 'simulated power' re-checks it "
-            f"with {p['power_trials']} seeded simulations of the very test, the spec-on side "
-            "moved by that TV in proportion from the heavier to the lighter half of the "
-            "observed pooled frequencies (the least detectable shape when the halves weigh "
-            "the same; with a dominant category easier, so the check is optimistic there; "
-            "n/a when no such shift exists)."
-        )
-    out += ["", "## What this cannot show", ""]
-    out += [f"- {limit}" for limit in LIMITS]
-    return "\n".join(out) + "\n"
-
-
-def write_certificate(cert: EndpointCertificate, out_dir: str | Path) -> tuple[Path, Path]:
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    j = d / "certificate.json"
-    m = d / "certificate.md"
-    j.write_text(json.dumps(cert.to_dict(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    m.write_text(render_markdown(cert), encoding="utf-8")
-    return j, m

@@ -15,7 +15,7 @@ import json
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
@@ -29,6 +29,10 @@ Api = Literal["completions", "chat"]
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 MAX_BACKOFF_S = 30.0
 EMPTY: Mapping[str, Any] = MappingProxyType({})
+TOKEN_ID_PREFIX = "token_id:"
+# one prompt position as vLLM reports it: token id -> (logprob, rank); the position's own
+# token is always present, the others are the top-N by rank
+PromptRow = Mapping[int, tuple[float, int]]
 
 
 def normalise_url(url: str) -> str:
@@ -74,9 +78,13 @@ class EndpointConfig:
 
 @dataclass(frozen=True)
 class Request:
-    """One generation request (the same body goes to the spec-on and the spec-off side)."""
+    """One generation request (the same body goes to the spec-on and the spec-off side).
 
-    prompt: str
+    ``prompt`` is text, or token ids (completions API only; vLLM and llama.cpp take them).
+    ``extra`` is merged into the body last (engine-specific fields such as vLLM's
+    ``prompt_logprobs`` or ``return_tokens_as_token_ids``)."""
+
+    prompt: str | tuple[int, ...]
     max_tokens: int
     temperature: float = 0.0
     seed: int | None = None
@@ -84,6 +92,7 @@ class Request:
     top_k: int = 0  # 0: off (specdec serve and llama.cpp both read 0 as "no top-k")
     logprobs: int | None = None  # top logprobs per token (non-streamed requests only)
     stream: bool = True
+    extra: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,8 @@ class Reply:
     tokens: tuple[str, ...] | None = None  # token texts, when logprobs were returned
     top_logprobs: tuple[Mapping[str, float], ...] | None = None
     attempts: int = 1
+    token_ids: tuple[int, ...] | None = None  # from "token_id:N" tokens (vLLM's option)
+    prompt_logprobs: tuple[PromptRow | None, ...] | None = None  # vLLM's prompt_logprobs
 
     @property
     def decode_tps(self) -> float | None:
@@ -283,6 +294,28 @@ class EndpointClient:
         self.model = served[0]
         return served[0]
 
+    async def tokenize(self, text: str) -> list[int] | None:
+        """The token ids the server makes of ``text`` (vLLM's and llama.cpp's ``/tokenize``;
+        special tokens added as a completion request adds them); None when there is no such
+        route or the answer has no token list. No retries."""
+        body: dict[str, Any] = {"prompt": text, "content": text}
+        body |= {"add_special_tokens": True, "add_special": True}  # vLLM's, llama.cpp's name
+        if self.model is not None:
+            body["model"] = self.model
+        try:
+            r = await self._http.post("/tokenize", json=body)
+        except httpx.TransportError:
+            return None
+        if r.status_code != 200:
+            return None
+        try:
+            toks = r.json().get("tokens")
+        except (ValueError, AttributeError):
+            return None
+        if not isinstance(toks, list) or not all(isinstance(t, int) for t in toks):
+            return None
+        return [int(t) for t in toks]
+
     async def scrape_metrics(self) -> dict[str, float] | None:
         """``/metrics`` as name -> value, or None when the server has none (no retries)."""
         try:
@@ -309,9 +342,11 @@ class EndpointClient:
         if req.seed is not None:
             b["seed"] = req.seed
         if self.config.api == "chat":
+            if not isinstance(req.prompt, str):
+                raise EndpointError("token-id prompts need the completions API")
             b["messages"] = [{"role": "user", "content": req.prompt}]
         else:
-            b["prompt"] = req.prompt
+            b["prompt"] = req.prompt if isinstance(req.prompt, str) else list(req.prompt)
         if req.stream:
             b["stream_options"] = {"include_usage": True}
         if req.logprobs:
@@ -321,6 +356,7 @@ class EndpointClient:
             else:
                 b["logprobs"] = req.logprobs
         b.update(self.config.extra_body)
+        b.update(req.extra)
         return b
 
     @property
@@ -360,6 +396,7 @@ class EndpointClient:
         n_tokens, source = _usage_tokens(obj)
         if n_tokens is None and tokens is not None:
             n_tokens, source = len(tokens), "logprobs"
+        ids = token_ids_of(tokens) or logprob_ids(choice.get("logprobs"))
         return Reply(
             text=text,
             finish_reason=choice.get("finish_reason"),
@@ -372,6 +409,8 @@ class EndpointClient:
             tokens=tokens,
             top_logprobs=top,
             attempts=attempts,
+            token_ids=ids,
+            prompt_logprobs=parse_prompt_logprobs(choice.get("prompt_logprobs")),
         )
 
     async def _streamed(self, body: dict[str, Any]) -> Reply:
@@ -502,3 +541,54 @@ def parse_logprobs(
     raw = block.get("top_logprobs") or [None] * len(tokens)
     rows = tuple({str(k): float(v) for k, v in (r or {}).items()} for r in raw)
     return tuple(str(t) for t in tokens), rows
+
+
+def token_ids_of(tokens: Sequence[str] | None) -> tuple[int, ...] | None:
+    """Token ids from tokens written as ``token_id:N`` (vLLM's ``return_tokens_as_token_ids``);
+    None unless every token is written so."""
+    if not tokens:
+        return None
+    out = []
+    for t in tokens:
+        if not t.startswith(TOKEN_ID_PREFIX) or not t[len(TOKEN_ID_PREFIX) :].isdigit():
+            return None
+        out.append(int(t[len(TOKEN_ID_PREFIX) :]))
+    return tuple(out)
+
+
+def parse_prompt_logprobs(block: Any) -> tuple[PromptRow | None, ...] | None:
+    """vLLM's ``prompt_logprobs``: one entry per prompt token, None for the first, else
+    ``{"<id>": {"logprob": x, "rank": r, ...}}``; None when absent or malformed."""
+    if not isinstance(block, list):
+        return None
+    rows: list[PromptRow | None] = []
+    for entry in block:
+        if entry is None:
+            rows.append(None)
+            continue
+        if not isinstance(entry, Mapping):
+            return None
+        row: dict[int, tuple[float, int]] = {}
+        for key, val in entry.items():
+            try:
+                tid = int(str(key).removeprefix(TOKEN_ID_PREFIX))
+                if isinstance(val, Mapping):
+                    lp, rank = float(val["logprob"]), int(val.get("rank") or 0)
+                else:  # a bare logprob: no rank
+                    lp, rank = float(val), 0
+            except (KeyError, TypeError, ValueError):
+                return None
+            row[tid] = (lp, rank)
+        rows.append(row)
+    return tuple(rows)
+
+
+def logprob_ids(block: Any) -> tuple[int, ...] | None:
+    """Token ids from a chat-style logprobs block whose items carry ``id`` (llama-server)."""
+    content = block.get("content") if isinstance(block, Mapping) else None
+    if not isinstance(content, list) or not content:
+        return None
+    ids = [item.get("id") if isinstance(item, Mapping) else None for item in content]
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return None
+    return tuple(int(i) for i in ids)  # type: ignore[arg-type]

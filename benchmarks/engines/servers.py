@@ -1,0 +1,292 @@
+"""Start and stop the OpenAI-compatible servers that the engine benchmarks point specdec at:
+vLLM's CPU build, llama.cpp's llama-server, llama-cpp-python's server and ``specdec serve``,
+each with speculation on or off, on loopback.
+
+Nothing here is downloaded: the llama-server binary comes from ``build_llama_server.sh``,
+vLLM's environment and its bf16 model directories from ``setup_vllm.sh`` (both under one
+engines root, default /tmp/specdec-engines), the GGUF files from specdec's model store.
+Each server's output goes to a log file; ``Server.stop`` ends the process group it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+SMALL = "smollm2-135m-instruct-q4_1"
+DEFAULT_ROOT = Path(os.environ.get("SPECDEC_ENGINES", "/tmp/specdec-engines"))
+REPO = Path(__file__).resolve().parents[2]
+K = 4  # draft tokens per round, everywhere
+
+
+def model_path(name: str) -> str:
+    from specdec import hub
+
+    return str(hub.resolve(name, fetch=False))
+
+
+@dataclass
+class ServerSpec:
+    """One server: its command line, environment and CPUs."""
+
+    name: str  # e.g. "vllm-draft"
+    argv: list[str]
+    port: int
+    env: dict[str, str] = field(default_factory=dict)
+    cpus: str | None = None  # taskset list, e.g. "0" or "0-1"
+    start_timeout_s: float = 600.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return (["taskset", "-c", self.cpus] if self.cpus else []) + self.argv
+
+
+@dataclass
+class Server:
+    spec: ServerSpec
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+def start(spec: ServerSpec, log_dir: Path) -> Server:
+    """Start the server in its own process group and wait until /v1/models answers."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{spec.name}.log"
+    with log.open("ab") as out:
+        out.write(f"\n$ {' '.join(spec.command())}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            spec.command(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **spec.env},
+            start_new_session=True,
+        )
+    server = Server(spec, proc, log)
+    deadline = time.monotonic() + spec.start_timeout_s
+    while True:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{spec.name} exited with {proc.returncode}:\n{tail}")
+        try:
+            r = httpx.get(spec.url + "/v1/models", timeout=5, trust_env=False)
+            if r.status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"{spec.name} did not answer within {spec.start_timeout_s:.0f} s")
+        time.sleep(2)
+
+
+@contextmanager
+def running(specs: Sequence[ServerSpec], log_dir: Path) -> Iterator[list[Server]]:
+    """Start the servers one after the other (so their start-ups do not compete), stop all."""
+    started: list[Server] = []
+    try:
+        for s in specs:
+            print(f"starting {s.name} on {s.url}", file=sys.stderr, flush=True)
+            started.append(start(s, log_dir))
+        yield started
+    finally:
+        for srv in reversed(started):
+            srv.stop()
+
+
+# -- the engines -------------------------------------------------------------------------------
+
+
+def vllm(
+    mode: str, port: int, *, root: Path = DEFAULT_ROOT, cpus: str = "0-1", kv_gib: int = 1
+) -> ServerSpec:
+    """vLLM CPU on the bf16 target: mode "off", "draft" (the 0.5B draft, K tokens) or "ngram"
+    (prompt lookup, K tokens). Per-request speculative counters in every response."""
+    argv = [
+        str(root / "vllm-venv/bin/python"),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(root / "models/target-bf16"),
+        "--served-model-name",
+        "qwen2.5-coder-1.5b",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--enforce-eager",
+        "--max-model-len",
+        "2048",
+        "--max-num-seqs",
+        "8",
+        "--seed",
+        "0",
+    ]
+    cfg: dict[str, Any] = {}
+    if mode == "draft":
+        cfg = {"method": "draft_model", "model": str(root / "models/draft-bf16")}
+    elif mode == "ngram":
+        cfg = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    elif mode != "off":
+        raise ValueError(f"vllm mode must be off, draft or ngram, got {mode!r}")
+    if mode != "off":
+        cfg["num_speculative_tokens"] = K
+        argv += ["--speculative-config", json.dumps(cfg)]
+        argv += ["--enable-per-request-metrics", "--per-request-spec-decode-metrics", "summary"]
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib), "VLLM_CPU_OMP_THREADS_BIND": cpus}
+    return ServerSpec(f"vllm-{mode}", argv, port, env=env, cpus=cpus)
+
+
+def llama_server(
+    mode: str,
+    port: int,
+    *,
+    root: Path = DEFAULT_ROOT,
+    cpus: str = "0-1",
+    slots: int = 1,
+    model: str = TARGET,
+    draft: str = DRAFT,
+) -> ServerSpec:
+    """llama.cpp's llama-server on the Q4_K_M target: mode "off", "draft" (``-md`` the 0.5B
+    draft, K tokens) or "ngram" (``--spec-type ngram-simple``: 3-token lookup, K tokens)."""
+    threads = str(len(_cpu_list(cpus)))
+    argv = [
+        str(root / "llama.cpp-build/bin/llama-server"),
+        "-m",
+        model_path(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-t",
+        threads,
+        "-tb",
+        threads,
+        "-c",
+        str(2048 * slots),
+        "-np",
+        str(slots),
+        "--alias",
+        "qwen2.5-coder-1.5b" if model == TARGET else model,
+        "--no-webui",
+        "--metrics",
+        "-lv",
+        "1",
+    ]
+    if mode == "draft":
+        argv += ["-md", model_path(draft), "--spec-type", "draft-simple"]
+        argv += ["--spec-draft-n-max", str(K), "--spec-draft-n-min", "0"]
+        argv += ["-td", threads, "-tbd", threads]
+    elif mode == "ngram":
+        argv += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3"]
+        argv += ["--spec-ngram-simple-size-m", str(K)]
+    elif mode != "off":
+        raise ValueError(f"llama-server mode must be off, draft or ngram, got {mode!r}")
+    return ServerSpec(f"llama-server-{mode}", argv, port, cpus=cpus, start_timeout_s=180)
+
+
+def llama_cpp_python(
+    mode: str,
+    port: int,
+    *,
+    cpus: str = "0-1",
+    model: str = TARGET,
+    lookup: int = K,
+    batch_threads: bool = True,
+    threads: int | None = None,
+) -> ServerSpec:
+    """llama-cpp-python's server: mode "off" or "lookup" (its prompt-lookup drafter, the only
+    one its server offers). Both thread counts set: ``n_threads_batch`` defaults to all cores,
+    which makes every verification pass compete with the other server (``batch_threads=False``
+    leaves it at that default, as the issue's run did). ``threads``: ``--n_threads`` (default:
+    one per CPU in ``cpus``)."""
+    n = str(threads or len(_cpu_list(cpus)))
+    argv = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        model_path(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "2048",
+        "--n_threads",
+        n,
+        *(["--n_threads_batch", n] if batch_threads else []),
+        "--model_alias",
+        "qwen2.5-coder-1.5b" if model == TARGET else model,
+        "--interrupt_requests",
+        "false",
+        "--verbose",
+        "false",
+    ]
+    if mode == "lookup":
+        argv += ["--draft_model", "prompt-lookup-decoding"]
+        argv += ["--draft_model_num_pred_tokens", str(lookup)]
+    elif mode != "off":
+        raise ValueError(f"llama-cpp-python mode must be off or lookup, got {mode!r}")
+    return ServerSpec(f"llama-cpp-python-{mode}", argv, port, cpus=cpus, start_timeout_s=180)
+
+
+def specdec_serve(port: int, *, cpus: str = "0-1") -> ServerSpec:
+    """``specdec serve`` with the project's default pair (0.5B llama.cpp draft, 1.5B target
+    as its default backend chooses); spec-off requests use its per-request switch."""
+    threads = str(len(_cpu_list(cpus)))
+    argv = [
+        str(Path(sys.executable).parent / "specdec"),
+        "serve",
+        "-m",
+        TARGET,
+        "-md",
+        DRAFT,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--threads",
+        threads,
+        "-k",
+        str(K),
+        "--served-model-name",
+        "qwen2.5-coder-1.5b",
+    ]
+    return ServerSpec("specdec-serve", argv, port, cpus=cpus, start_timeout_s=600)
+
+
+def _cpu_list(cpus: str) -> list[int]:
+    out: list[int] = []
+    for part in cpus.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out

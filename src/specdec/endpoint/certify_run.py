@@ -1,0 +1,555 @@
+"""The requests of ``certify --endpoint``: greedy pairs, sampled requests, per-token scoring.
+
+- **Both servers at once.** With two servers, the spec-on and the spec-off requests run side by
+  side, each server seeing at most ``plan.concurrency`` requests at a time (1 by default, so
+  neither batches): the wall time is that of the slower side, not the sum. With one server and
+  the per-request switch, the two sides share that bound (they share the server).
+- **Resumable.** Every reply is appended to ``OUT/progress.jsonl`` as it arrives (the header
+  holds the plan, the URLs and the model); ``resume=True`` reads the replies back and sends
+  only the missing requests. A different plan or server is refused.
+- **Timed.** ``specdec.endpoint.pace`` records where the time goes, prints the time left, and
+  warns when one side is much slower per request than the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specdec.certify.progress import ProgressLog
+from specdec.endpoint.certify import (
+    FAIL,
+    PASS,
+    STATISTICS,
+    WARN,
+    EndpointCertificate,
+    EndpointCertifyPlan,
+    GreedyCase,
+    compare_greedy,
+    joint_holm,
+    sampled_tests,
+)
+from specdec.endpoint.client import EndpointClient, Reply, Request
+from specdec.endpoint.counters import SpecCounters, has_known_series, metrics_counters
+from specdec.endpoint.errors import EndpointError
+from specdec.endpoint.pace import Pace
+from specdec.endpoint.pairing import (
+    TWO_SERVERS,
+    Sides,
+    check_off_reply,
+    open_clients,
+    probe_switch,
+)
+from specdec.endpoint.pertoken import (
+    TOKEN_IDS,
+    PerTokenResult,
+    pertoken_test,
+    pit_of_completion,
+    probe_pertoken,
+    scoring_request,
+)
+
+PROGRESS_FILE = "progress.jsonl"
+PILOT = 4  # requests per side that time the sampled part under a budget (not tested)
+ANALYSIS_S = 15.0  # what the budget keeps for the power simulations
+BUDGET_KEY = "budget:samples"
+SIDES = ("on", "off")
+
+
+def _seeds(plan: EndpointCertifyPlan, prompt_index: int) -> tuple[list[int], list[int]]:
+    """Disjoint seeds for the two sides of one prompt (from the plan's seed only)."""
+    rng = np.random.default_rng([plan.seed, prompt_index])
+    seeds = rng.choice(2**31 - 1, size=2 * plan.samples, replace=False)
+    return [int(s) for s in seeds[: plan.samples]], [int(s) for s in seeds[plan.samples :]]
+
+
+def _pit_uniforms(plan: EndpointCertifyPlan, prompt_index: int, sample: int) -> np.ndarray:
+    """The per-token test's auxiliary uniforms of one completion (fixed before any data)."""
+    return np.random.default_rng([plan.seed, 7, prompt_index, sample]).random(plan.sample_tokens)
+
+
+# -- replies as stored in the progress file ----------------------------------------------------
+
+
+def reply_to_json(r: Reply) -> dict[str, Any]:
+    return {
+        "text": r.text,
+        "finish_reason": r.finish_reason,
+        "e2e_s": r.e2e_s,
+        "n_tokens": r.n_tokens,
+        "counters": asdict(r.counters) if r.counters else None,
+        "tokens": list(r.tokens) if r.tokens is not None else None,
+        "top_logprobs": [dict(x) for x in r.top_logprobs] if r.top_logprobs else None,
+        "token_ids": list(r.token_ids) if r.token_ids is not None else None,
+        "attempts": r.attempts,
+    }
+
+
+def reply_from_json(d: dict[str, Any]) -> Reply:
+    c = d.get("counters")
+    return Reply(
+        text=d["text"],
+        finish_reason=d.get("finish_reason"),
+        e2e_s=float(d.get("e2e_s") or 0.0),
+        ttft_s=None,
+        n_tokens=d.get("n_tokens"),
+        tokens_source="progress",
+        n_chunks=0,
+        counters=SpecCounters(**c) if c else None,
+        tokens=tuple(d["tokens"]) if d.get("tokens") is not None else None,
+        top_logprobs=tuple(d["top_logprobs"]) if d.get("top_logprobs") else None,
+        attempts=int(d.get("attempts") or 1),
+        token_ids=tuple(d["token_ids"]) if d.get("token_ids") is not None else None,
+    )
+
+
+class Gates:
+    """How many requests may be in flight per server."""
+
+    def __init__(self, sides: Sides, concurrency: int) -> None:
+        self.parallel = sides.switch == TWO_SERVERS
+        on = asyncio.Semaphore(concurrency)
+        self._gate = {"on": on, "off": asyncio.Semaphore(concurrency) if self.parallel else on}
+
+    def __getitem__(self, side: str) -> asyncio.Semaphore:
+        return self._gate[side]
+
+
+async def _all(coros: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
+    """Run the coroutines concurrently; on the first error cancel the rest and re-raise."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+class _Run:
+    """One certify run's state: clients, gates, progress file, pace, counters."""
+
+    def __init__(
+        self,
+        plan: EndpointCertifyPlan,
+        sides: Sides,
+        on: EndpointClient,
+        off: EndpointClient,
+        store: ProgressLog,
+        pace: Pace,
+    ) -> None:
+        self.plan, self.sides, self.on, self.off = plan, sides, on, off
+        self.store, self.pace = store, pace
+        self.gates = Gates(sides, plan.concurrency)
+        self.drafted: list[int] = []
+        self.accepted: list[int] = []
+        self.in_top = 0  # scored tokens among the spec-off row's top N
+
+    def client(self, side: str) -> EndpointClient:
+        return self.on if side == "on" else self.off
+
+    async def reply(self, key: str, side: str, req: Request, *, timed: bool = False) -> Reply:
+        """The reply stored under ``key``, or the request sent now (and stored)."""
+        done = self.store.get(key)
+        if done is not None:
+            self.pace.reused += 1
+            r = reply_from_json(done)
+        else:
+            async with self.gates[side]:
+                r = await self.client(side).generate(req)
+            self.store.put(key, reply_to_json(r))
+            if timed:
+                self.pace.request(side, r.e2e_s, r.attempts)
+        if side == "off":
+            check_off_reply(r, self.sides)
+        elif r.counters is not None:
+            self.drafted.append(r.counters.drafted)
+            self.accepted.append(r.counters.accepted)
+        return r
+
+    # -- greedy ------------------------------------------------------------------------------
+    async def greedy(self, logprobs: bool) -> list[GreedyCase]:
+        plan = self.plan
+        out = []
+        for i, prompt in enumerate(plan.greedy_texts()):
+            req = Request(
+                prompt,
+                plan.greedy_tokens,
+                temperature=0.0,
+                seed=plan.seed + i,
+                logprobs=plan.top_logprobs if logprobs else None,
+                stream=False,
+            )
+            pair = [self.reply(f"greedy:{i}:{side}", side, req) for side in ("on", "off")]
+            if self.gates.parallel:
+                r_on, r_off = await _all(pair)
+            else:
+                r_on, r_off = await pair[0], await pair[1]
+            case = compare_greedy(prompt, r_on, r_off, plan.tie_gap)
+            j = case.token_index
+            if case.status == "differs" and j is not None and None in (case.gap_on, case.gap_off):
+                rows = (
+                    await self.row_at("on", prompt, r_on, j) if case.gap_on is None else None,
+                    await self.row_at("off", prompt, r_off, j) if case.gap_off is None else None,
+                )
+                case = compare_greedy(prompt, r_on, r_off, plan.tie_gap, follow_up=rows)
+            out.append(case)
+        return out
+
+    async def row_at(
+        self, side: str, prompt: str, reply: Reply, j: int
+    ) -> Mapping[str, float] | None:
+        """The side's top-20 row at token j of its reply, by a second request: the prompt's
+        and the reply's first j token ids as the prompt, one token at temperature 0. For a
+        server that returns no row for some tokens (llama-server: drafted tokens)."""
+        if reply.token_ids is None or len(reply.token_ids) < j:
+            return None
+        if self.sides.on.api != "completions":
+            return None
+        client = self.client(side)
+        ids = await client.tokenize(prompt)
+        if not ids:
+            return None
+        req = Request(tuple(ids) + reply.token_ids[:j], 1, temperature=0.0, seed=0, logprobs=20)
+        try:
+            async with self.gates[side]:
+                r = await client.generate(replace(req, stream=False))
+        except EndpointError:
+            return None
+        return r.top_logprobs[0] if r.top_logprobs else None
+
+    # -- the time budget ---------------------------------------------------------------------
+    async def fit_budget(
+        self, prompt_ids: list[list[int]] | None, elapsed: float
+    ) -> tuple[int, str | None]:
+        """The sample count per prompt and side that fits the plan's time budget (read back
+        from the progress file when resuming), and a note when it is below the plan's."""
+        plan = self.plan
+        assert plan.max_seconds is not None
+        stored = self.store.get(BUDGET_KEY)
+        if stored is not None:
+            n, t_item = int(stored["samples"]), float(stored["item_s"])
+        else:
+            t_item = await self._pilot(prompt_ids)
+            left = plan.max_seconds - elapsed - t_item * PILOT - ANALYSIS_S
+            fit = math.floor(0.9 * left / (plan.sampled_prompts * t_item)) if t_item > 0 else 0
+            floor = min(plan.samples, plan.min_samples)
+            n = max(floor, min(plan.samples, fit))
+            self.store.put(BUDGET_KEY, {"samples": n, "item_s": t_item})
+        if n >= plan.samples:
+            return n, None
+        return n, (
+            f"the time budget ({plan.max_seconds:.0f} s) fits {n} of {plan.samples} sampled "
+            f"requests per prompt and side (a pilot measured {t_item:.2f} s per request pair)"
+            + ("; that is the minimum, so the run takes longer" if n == plan.min_samples else "")
+        )
+
+    async def _pilot(self, prompt_ids: list[list[int]] | None) -> float:
+        """Seconds per request pair of the sampled part (both servers at once where they
+        work at once), from PILOT requests per side on the first sampled prompt with seeds
+        that the tests never use."""
+        plan = self.plan
+        text = plan.sampled_texts()[0]
+        rng = np.random.default_rng([plan.seed, 99])
+        times: dict[str, list[float]] = {"on": [], "off": [], "score": []}
+
+        async def one(side: str, seed: int) -> None:
+            req = Request(
+                text,
+                plan.sample_tokens,
+                temperature=plan.temperature,
+                seed=seed,
+                top_p=plan.top_p,
+                top_k=plan.top_k,
+                logprobs=1 if prompt_ids is not None else None,
+                stream=False,
+                extra=TOKEN_IDS if prompt_ids is not None else {},
+            )
+            async with self.gates[side]:
+                r = await self.client(side).generate(req)
+            times[side].append(r.e2e_s)
+            if side == "on" and prompt_ids is not None and r.token_ids:
+                sreq = scoring_request(prompt_ids[0], r.token_ids, plan.pertoken_top)
+                async with self.gates["off"]:
+                    s = await self.off.generate(sreq)
+                times["score"].append(s.e2e_s)
+
+        seeds = [int(x) for x in rng.integers(0, 2**31 - 1, size=2 * PILOT)]
+        jobs = [one(side, seeds[2 * j + i]) for j in range(PILOT) for i, side in enumerate(SIDES)]
+        await _all(jobs)
+
+        def med(xs: list[float]) -> float:
+            return statistics.median(xs) if xs else 0.0
+
+        on, off, score = med(times["on"]), med(times["off"]), med(times["score"])
+        per = max(on, off + score) if self.gates.parallel else on + off + score
+        return per / plan.concurrency
+
+    # -- sampled -----------------------------------------------------------------------------
+    async def sampled(
+        self, prompt_ids: list[list[int]] | None
+    ) -> tuple[list[list[str]], list[list[str]], list[float], int, int]:
+        """(texts on [prompt][sample], texts off, PIT values, completions scored, tokens in
+        the top N); the PIT part only when ``prompt_ids`` (one list per sampled prompt)."""
+        plan = self.plan
+        texts = plan.sampled_texts()
+        total = len(texts) * plan.samples * (3 if prompt_ids is not None else 2)
+        started = time.monotonic()
+        done = [0]
+        extra = TOKEN_IDS if prompt_ids is not None else {}
+        pits: dict[tuple[int, int], list[float]] = {}
+
+        def tick() -> None:
+            done[0] += 1
+            self.pace.progress("sampled", done[0], total, started)
+
+        async def one(i: int, k: int, side: str, seed: int) -> str:
+            req = Request(
+                texts[i],
+                plan.sample_tokens,
+                temperature=plan.temperature,
+                seed=seed,
+                top_p=plan.top_p,
+                top_k=plan.top_k,
+                logprobs=1 if prompt_ids is not None else None,
+                stream=False,
+                extra=extra,
+            )
+            r = await self.reply(f"sampled:{i}:{side}:{k}", side, req, timed=True)
+            tick()
+            if side == "on" and prompt_ids is not None:
+                pits[(i, k)] = await self.score(i, k, prompt_ids[i], r)
+                tick()
+            return r.text
+
+        results_on: list[list[str]] = []
+        results_off: list[list[str]] = []
+        for i in range(len(texts)):
+            self.pace.log(f"sampled prompt {i + 1}/{len(texts)}: {plan.samples} requests per side")
+            seeds_on, seeds_off = _seeds(plan, i)
+            coros = []
+            for k, (s_on, s_off) in enumerate(zip(seeds_on, seeds_off, strict=True)):
+                coros += [one(i, k, "on", s_on), one(i, k, "off", s_off)]  # interleaved
+            got = await _all(coros)
+            results_on.append(got[0::2])
+            results_off.append(got[1::2])
+        u: list[float] = []
+        for key in sorted(pits):
+            u.extend(pits[key])
+        return results_on, results_off, u, len(pits), self.in_top
+
+    async def score(self, i: int, k: int, prompt_ids: list[int], r: Reply) -> list[float]:
+        """The PIT values of spec-on sample (i, k) against the spec-off server's rows."""
+        key = f"score:{i}:{k}"
+        done = self.store.get(key)
+        if done is not None:
+            self.pace.reused += 1
+            self.in_top += int(done["in_top"])
+            return [float("nan") if x is None else float(x) for x in done["u"]]
+        ids = r.token_ids
+        if ids is None:
+            raise EndpointError(f"{self.on.config.url} returned a sample without token ids")
+        if not ids:
+            self.store.put(key, {"u": [], "in_top": 0})
+            return []
+        req = scoring_request(prompt_ids, ids, self.plan.pertoken_top)
+        async with self.gates["off"]:
+            s = await self.off.generate(req)
+        self.pace.request("score", s.e2e_s, s.attempts)
+        rows = s.prompt_logprobs
+        if rows is None or len(rows) != len(prompt_ids) + len(ids):
+            raise EndpointError(
+                f"{self.off.config.url} returned {len(rows) if rows else 'no'} prompt_logprobs "
+                f"rows for a prompt of {len(prompt_ids) + len(ids)} tokens"
+            )
+        tail = rows[len(prompt_ids) :]
+        u = pit_of_completion(tail, ids, _pit_uniforms(self.plan, i, k), self.plan.pertoken_top)
+        top = self.plan.pertoken_top
+        n_in = sum(1 for row, t in zip(tail, ids, strict=True) if row and 1 <= row[t][1] <= top)
+        self.in_top += n_in
+        self.store.put(key, {"u": [None if x != x else x for x in u], "in_top": n_in})
+        return u
+
+
+async def run_endpoint_certify(
+    plan: EndpointCertifyPlan,
+    sides: Sides,
+    *,
+    command: str = "",
+    progress: Callable[[str], None] = lambda _: None,
+    out_dir: str | Path | None = None,
+    resume: bool = False,
+) -> EndpointCertificate:
+    """Run the plan against the two sides. With ``out_dir``, replies go to its progress file
+    as they arrive, and ``resume`` continues from it."""
+    pace = Pace(log=progress)
+    notes: list[str] = []
+    on, off = open_clients(sides, random.Random(plan.seed))
+    async with on, off:
+        with pace.phase("setup"):
+            model = await on.resolve_model()
+            model_off = await off.resolve_model()
+            path = Path(out_dir) / PROGRESS_FILE if out_dir is not None else None
+            if resume and (path is None or not path.exists()):
+                raise EndpointError(f"cannot resume: {path or 'no output directory'} not found")
+            store = ProgressLog(
+                path,
+                {
+                    "plan": asdict(plan),
+                    "on": sides.on.url,
+                    "off": sides.off.url,
+                    "switch": sides.switch,
+                    "api": sides.on.api,
+                    "model": model,
+                    "model_off": model_off,
+                },
+                resume=resume,
+            )
+            if store.done:
+                progress(f"resuming: {len(store.done)} replies read back from {path}")
+            check = await probe_switch(on, off, sides.switch)
+            notes.extend(check.notes)
+            metrics_before = await on.scrape_metrics()
+        run = _Run(plan, sides, on, off, store, pace)
+
+        greedy: list[GreedyCase] = []
+        if plan.greedy_prompts:
+            with pace.phase("greedy"):
+                logprobs = await _logprobs_supported(on, off, plan.top_logprobs)
+                if not logprobs:
+                    notes.append(
+                        "the server returns no logprobs: greedy divergences cannot be "
+                        "checked for near-ties"
+                    )
+                progress(f"greedy agreement on {plan.greedy_prompts} prompts")
+                greedy = await run.greedy(logprobs)
+
+        prompt_ids: list[list[int]] | None = None
+        pertoken_note: str | None = None
+        if plan.sampled_prompts:
+            with pace.phase("pertoken probe"):
+                prompt_ids, pertoken_note = await _pertoken_setup(plan, on, off)
+            if plan.max_seconds is not None:
+                with pace.phase("pilot"):
+                    n, note = await run.fit_budget(prompt_ids, pace.elapsed())
+                if note:
+                    notes.append(note)
+                    progress(note)
+                plan = run.plan = replace(plan, samples=n)
+            with pace.phase("sampled"):
+                texts_on, texts_off, u, n_scored, in_top = await run.sampled(prompt_ids)
+        metrics_after = await on.scrape_metrics()
+
+    with pace.phase("analysis"):
+        family = len(STATISTICS) + (prompt_ids is not None)
+        rng = np.random.default_rng(plan.seed + 12345)
+        tests = (
+            sampled_tests(texts_on, texts_off, plan, rng, family=family)
+            if plan.sampled_prompts
+            else []
+        )
+        pertoken: PerTokenResult | None = None
+        if prompt_ids is not None:
+            pertoken = pertoken_test(
+                u,
+                n_completions=n_scored,
+                top=plan.pertoken_top,
+                in_top=in_top / len(u) if u else float("nan"),
+                level=plan.alpha / family,
+                power=plan.power,
+                trials=plan.power_trials,
+                seed=plan.seed + 777,
+            )
+        tests, pertoken = joint_holm(tests, pertoken, plan.alpha)
+
+    drafted, accepted = run.drafted, run.accepted
+    scraped = (
+        metrics_counters(metrics_before, metrics_after)
+        if metrics_before is not None and metrics_after and has_known_series(metrics_after)
+        else None
+    )
+    if not drafted and scraped is not None:
+        drafted, accepted = [scraped.drafted], [scraped.accepted]
+        notes.append("draft counters: the spec-on server's /metrics before and after the run")
+    if pace.slow_note:
+        notes.append(pace.slow_note)
+    status = PASS
+    if any(c.status == "near-tie" for c in greedy):
+        status = WARN
+    if drafted and sum(drafted) == 0:
+        notes.append(
+            "the spec-on side drafted nothing in any request: this run shows nothing "
+            "about speculation"
+        )
+        status = WARN if status == PASS else status
+    if not drafted:
+        notes.append(
+            "the spec-on side reports no draft counters: that it speculated at all is not checked"
+        )
+    failed = any(c.status == "differs" for c in greedy) or any(t.rejected for t in tests)
+    if failed or (pertoken is not None and pertoken.rejected):
+        status = FAIL
+    timing = pace.to_dict()
+    return EndpointCertificate(
+        status=status,
+        sides=sides.describe(),
+        model=model,
+        api=sides.on.api,
+        plan={k: v for k, v in asdict(plan).items() if k != "prompts"}
+        | {"n_prompts": len(plan.prompts)},
+        greedy=greedy,
+        tests=tests,
+        drafted_on=sum(drafted) if drafted else None,
+        accepted_on=sum(accepted) if drafted else None,
+        notes=notes,
+        seconds=float(timing["total_s"]),
+        command=command,
+        pertoken=pertoken,
+        pertoken_note=pertoken_note,
+        timing=timing,
+    )
+
+
+async def _pertoken_setup(
+    plan: EndpointCertifyPlan, on: EndpointClient, off: EndpointClient
+) -> tuple[list[list[int]] | None, str | None]:
+    """The sampled prompts' token ids when the per-token test can run, else (None, why)."""
+    if not plan.pertoken:
+        return None, "turned off"
+    if not plan.pertoken_sampling:
+        return None, "the sampling is not temperature 1 without top-p / top-k"
+    why = await probe_pertoken(on, off, plan.pertoken_top)
+    if why is not None:
+        return None, why
+    ids = []
+    for text in plan.sampled_texts():
+        got = await off.tokenize(text)
+        if not got:
+            return None, f"{off.config.url}/tokenize gave no ids for a sampled prompt"
+        ids.append(got)
+    return ids, None
+
+
+async def _logprobs_supported(on: EndpointClient, off: EndpointClient, n: int) -> bool:
+    """Whether both sides answer a request that asks for top logprobs with logprobs."""
+    req = Request("Hello", 2, temperature=0.0, seed=0, logprobs=n, stream=False)
+    for client in (on, off):
+        try:
+            reply = await client.generate(req)
+        except EndpointError as e:
+            if "logprob" in str(e).lower():
+                return False
+            raise
+        if reply.tokens is None:
+            return False
+    return True

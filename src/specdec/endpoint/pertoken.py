@@ -1,0 +1,181 @@
+"""The per-token test of ``certify --endpoint``: every token the spec-on server sampled,
+scored against the spec-off server's next-token distribution at that position.
+
+Where both servers speak token ids (vLLM: ``return_tokens_as_token_ids`` on the spec-on side,
+``prompt_logprobs`` and token-id prompts on the spec-off side, ``/tokenize`` for the prompt's
+ids), each spec-on completion c_1..c_n of prompt P is sent back to the spec-off server as the
+prompt P + c with ``prompt_logprobs = N``: one prefill pass that returns, for every position,
+the top-N tokens by rank with their log-probabilities and the log-probability of the token
+that is there. No re-tokenisation happens anywhere: the ids are the spec-on server's own.
+
+The transform is the randomised PIT of ``specdec.certify.pit`` on a coarsened row: the top-N
+tokens in rank order, then one category for the rest of the vocabulary (mass 1 - sum of the
+top N). With V ~ U(0, 1) drawn by the client,
+
+    U = F(x-) + V p(x)                 when x is among the top N,
+    U = S_N + V (1 - S_N)              otherwise (S_N: the top N's mass),
+
+is exactly U(0, 1) given the tokens before it when x is drawn from the spec-off row, so the U
+of all tokens of all completions are i.i.d. U(0, 1) under the null (each is uniform given
+everything before it; stopping at EOS depends only on the past). The sampled requests must
+use temperature 1, top-p 1 and no top-k (the rows are the model's raw distribution).
+
+What it cannot see: a difference confined to the tokens outside the top N (they are one
+category); differences smaller than the numerics between the spec-off server's prefill pass
+and its decoding passes. The stated power is for the TV on the coarsened categories.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from specdec.endpoint.client import EndpointClient, PromptRow, Request
+from specdec.endpoint.errors import EndpointError
+
+TOKEN_IDS: Mapping[str, Any] = MappingProxyType({"return_tokens_as_token_ids": True})
+DEFAULT_TOP = 20  # vLLM's default --max-logprobs
+# the order is the reference's own (most probable first), so the stated alternatives are the
+# shapes of pit.alternatives() that do not assume a draft-ratio order
+ALTERNATIVES = ("shift-half", "tail-5%", "bump-10%")
+
+
+def scoring_request(prompt_ids: Sequence[int], completion: Sequence[int], top: int) -> Request:
+    """The spec-off request that returns the rows of every position of P + c."""
+    return Request(
+        tuple(prompt_ids) + tuple(completion),
+        1,
+        temperature=0.0,
+        seed=0,
+        stream=False,
+        extra={"prompt_logprobs": top},
+    )
+
+
+async def probe_pertoken(on: EndpointClient, off: EndpointClient, top: int) -> str | None:
+    """None when the per-token test can run against these servers, else why not (one line).
+    Three small requests: /tokenize on the spec-off side, a sampled spec-on request asking for
+    token ids, and a scoring request on the spec-off side."""
+    if on.config.api != "completions":
+        return "the per-token test needs the completions API"
+    ids = await off.tokenize("Hello")
+    if not ids:
+        return f"{off.config.url} has no /tokenize route that returns token ids"
+    try:
+        r_on = await on.generate(
+            Request("Hello", 2, temperature=1.0, seed=1, logprobs=1, stream=False, extra=TOKEN_IDS)
+        )
+    except EndpointError as e:
+        return f"the spec-on server refused a request for token ids ({e})"
+    if not r_on.token_ids:
+        return f"{on.config.url} returns no token ids (return_tokens_as_token_ids)"
+    try:
+        r_off = await off.generate(scoring_request(ids, r_on.token_ids, top))
+    except EndpointError as e:
+        return f"the spec-off server refused a prompt_logprobs request ({e})"
+    rows = r_off.prompt_logprobs
+    if rows is None or len(rows) != len(ids) + len(r_on.token_ids):
+        return f"{off.config.url} returns no prompt_logprobs for a token-id prompt"
+    for j, tid in enumerate(r_on.token_ids):
+        row = rows[len(ids) + j]
+        if row is None or tid not in row or not any(1 <= r <= top for _, r in row.values()):
+            return f"{off.config.url}'s prompt_logprobs rows lack the tokens or their ranks"
+    return None
+
+
+def pit_of_completion(
+    rows: Sequence[PromptRow | None], completion: Sequence[int], v: np.ndarray, top: int
+) -> list[float]:
+    """U for each token of one completion; ``rows`` are the scoring reply's rows for the
+    completion's positions (the last len(completion) prompt rows), v [n] the client's uniforms.
+    nan for a token the reference gives probability 0 (impossible under the null)."""
+    if len(rows) != len(completion) or v.shape[0] < len(completion):
+        raise EndpointError("the scoring reply's rows do not line up with the completion")
+    out: list[float] = []
+    for j, tid in enumerate(completion):
+        row = rows[j]
+        if row is None or tid not in row:
+            raise EndpointError("the scoring reply lacks the row of a sampled token")
+        ranked = sorted(
+            ((rank, t, lp) for t, (lp, rank) in row.items() if 1 <= rank <= top),
+            key=lambda x: (x[0], x[1]),
+        )
+        probs = [math.exp(lp) for _, _, lp in ranked]
+        mass = min(1.0, sum(probs))
+        p_x = math.exp(row[tid][0])
+        if p_x <= 0.0:
+            out.append(math.nan)
+            continue
+        before = 0.0
+        for (_, t, _), p in zip(ranked, probs, strict=True):
+            if t == tid:
+                out.append(min(1.0, before + float(v[j]) * p))
+                break
+            before += p
+        else:  # outside the top N: the rest of the vocabulary is one category
+            out.append(min(1.0, mass + float(v[j]) * (1.0 - mass)))
+    return out
+
+
+@dataclass(frozen=True)
+class PerTokenResult:
+    n_tokens: int
+    n_completions: int
+    top: int
+    impossible: int
+    ad_pvalue: float
+    chi2_pvalue: float
+    pvalue: float  # Bonferroni over the two tests of uniformity
+    adjusted_p: float  # Holm, in the certificate's family
+    rejected: bool
+    ks_statistic: float
+    tv_lower: float  # lower (1 - alpha) bound on the PIT's TV from uniformity (DKW)
+    min_detectable_tv: dict[str, float]  # per alternative, at the level of Holm's first step
+    in_top: float  # fraction of sampled tokens among the spec-off row's top N
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def pertoken_test(
+    u: Sequence[float],
+    *,
+    n_completions: int,
+    top: int,
+    in_top: float,
+    level: float,
+    power: float,
+    trials: int,
+    seed: int,
+) -> PerTokenResult:
+    """The uniformity test of the pooled U (at ``level``; Holm is applied by the caller) and
+    the smallest per-token TV it detects with ``power`` for each stated alternative."""
+    from specdec.certify.pit import alternatives, min_detectable_tv, uniformity_test
+
+    arr = np.asarray(u, dtype=np.float64)
+    res = uniformity_test(arr, level)
+    alts = {a.name: a for a in alternatives()}
+    mdt = {
+        name: min_detectable_tv(alts[name], res.n, level, power, trials, seed)
+        for name in ALTERNATIVES
+    }
+    return PerTokenResult(
+        n_tokens=res.n,
+        n_completions=n_completions,
+        top=top,
+        impossible=res.impossible,
+        ad_pvalue=res.ad_pvalue,
+        chi2_pvalue=res.chi2_pvalue,
+        pvalue=res.pvalue,
+        adjusted_p=res.pvalue,
+        rejected=res.rejected,
+        ks_statistic=res.ks_statistic,
+        tv_lower=res.tv_lower,
+        min_detectable_tv=mdt,
+        in_top=in_top,
+    )
