@@ -9,6 +9,7 @@ specdec.rejection for the duration of one call.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from specdec.certify.common import torch_threads
 from specdec.certify.faults import injected_fault
 from specdec.certify.mock_level import (
+    PREDICTIONS,
     Level2Config,
     SampledSetup,
     exact_window_distribution,
@@ -173,12 +175,44 @@ def test_level2_passes_for_the_real_decoder(tmp_path) -> None:  # type: ignore[n
     r = run_level2(L2, log=log)
     s = r.summary()
     assert r.status == "pass", s
-    assert s["greedy_units"] == 2 * 2 * 3 * 4 and s["greedy_mismatches"] == 0
+    assert s["greedy_units"] == 2 * 2 * 7 * 4 and s["greedy_mismatches"] == 0  # 7 drafters
     assert s["sampled_tests"] == 6 and s["sampled_rejected"] == 0  # incl. padded, planned
     resumed = ProgressLog(tmp_path / "p.jsonl", {"x": 1}, resume=True)
     with injected_fault("always-accept"):  # would fail if anything were recomputed
         r2 = run_level2(L2, log=resumed)
     assert r2.summary()["sampled_min_p"] == s["sampled_min_p"] and r2.status == "pass"
+
+
+L2_PREDICTIONS = dataclasses.replace(
+    L2,
+    greedy_closeness=("close",),
+    greedy_ks=(4, 8),
+    greedy_drafters=PREDICTIONS,
+    setups=tuple(
+        SampledSetup(f"{kind}-K6", "close", 6, drafter=kind)
+        for kind in ("prediction", "prediction-wrong", "prediction-shifted")
+    ),
+)
+
+
+def test_level2_covers_predictions_right_wrong_shifted_and_foreign() -> None:
+    """A prediction drafter (a deterministic draft: kept with the target's probability of
+    the token, else resampled without it) keeps greedy output exact and sampled output the
+    target's, whether the prediction is right, wrong at every position, shifted by one
+    token or of another language."""
+    r = run_level2(L2_PREDICTIONS)
+    s = r.summary()
+    assert r.status == "pass", s
+    assert s["greedy_units"] == 2 * 4 * 2 and s["greedy_mismatches"] == 0
+    assert s["sampled_tests"] == 3 and s["sampled_rejected"] == 0
+
+
+def test_level2_catches_a_wrong_residual_under_predictions() -> None:
+    """The fixture that must fail: after rejecting a predicted token, resampling from p
+    (which can give that token again) instead of p without it."""
+    with injected_fault("residual-is-p"):
+        r = run_level2(L2_PREDICTIONS)
+    assert r.status == "fail" and r.summary()["sampled_rejected"] >= 1
 
 
 def test_level2_catches_residual_is_p() -> None:

@@ -28,6 +28,7 @@ from specdec.decoding import generate, generate_stream
 from specdec.drafters.base import Drafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter
+from specdec.drafters.prediction import PredictionDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.models.mock import MockLM, mock_pair
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
@@ -99,7 +100,7 @@ class SampledSetup:
     name: str
     closeness: str  # mock pair: identical | close | far
     k: int
-    drafter: str = "model"  # model | ngram | planned
+    drafter: str = "model"  # model | ngram | planned | a PREDICTIONS kind
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -132,6 +133,9 @@ DEFAULT_SETUPS: tuple[SampledSetup, ...] = (
     SampledSetup("ngram-K3", "close", 3, drafter="ngram"),
     SampledSetup("planned-K8", "close", 8, drafter="planned"),
     SampledSetup("padded-close-K4", "close", 4, draft_vocab_delta=-2),
+    SampledSetup("prediction-K8", "close", 8, drafter="prediction"),
+    SampledSetup("prediction-wrong-K8", "close", 8, drafter="prediction-wrong"),
+    SampledSetup("prediction-shifted-K8", "close", 8, drafter="prediction-shifted"),
 )
 
 
@@ -141,7 +145,15 @@ class Level2Config:
     greedy_vocabs: tuple[int, ...] = (16, 64)
     greedy_prompts: int = 6
     greedy_ks: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
-    greedy_drafters: tuple[str, ...] = ("model", "ngram", "planned")
+    greedy_drafters: tuple[str, ...] = (
+        "model",
+        "ngram",
+        "planned",
+        "prediction",
+        "prediction-wrong",
+        "prediction-shifted",
+        "prediction-foreign",
+    )
     greedy_max_new_tokens: int = 24
     sampled_vocab: int = 8
     setups: tuple[SampledSetup, ...] = DEFAULT_SETUPS
@@ -171,11 +183,41 @@ def mock_prompts(seed: int, n: int, vocab: int) -> list[list[int]]:
 MOCK_PLANNER_COSTS = Costs(verify_s=tuple(1.0 + 0.05 * n for n in range(16)), prefill_tps=1e3)
 
 
-def _drafter(kind: str, draft: MockLM) -> MockLM | Drafter:
+# predictions (``drafters.prediction``, OpenAI's predicted outputs) drafted in front of the
+# planned drafter: the target's own greedy continuation of the prompt (right), the same with
+# every token changed (wrong at every position), shifted by one token, and tokens of another
+# "language" (an unrelated random sequence)
+PREDICTIONS = ("prediction", "prediction-wrong", "prediction-shifted", "prediction-foreign")
+
+
+def mock_prediction(kind: str, target: MockLM, prompt: Sequence[int], n: int) -> list[int]:
+    """The prediction of ``kind`` for ``prompt`` (n tokens of the target's greedy output)."""
+    right = reference_greedy(target, prompt, n)
+    vocab = target.vocab_size
+    if kind == "prediction":
+        return right
+    if kind == "prediction-wrong":
+        return [(t + 1) % vocab for t in right]
+    if kind == "prediction-shifted":
+        return right[1:]
+    assert kind == "prediction-foreign", kind
+    g = make_generator(derive_seed(0, "l2-foreign", *prompt))
+    return [int(t) for t in torch.randint(vocab, (n,), generator=g)]
+
+
+def _drafter(
+    kind: str, draft: MockLM, target: MockLM, prompt: Sequence[int], n: int, prediction: Any = None
+) -> MockLM | Drafter:
+    """A fresh drafter of ``kind`` (a prediction drafter is made for one generation;
+    ``prediction``: its tokens when already made)."""
     if kind == "ngram":
         return NgramDrafter(max_n=3)
     if kind == "planned":
         return PlannedSuffixDrafter(SuffixDrafter(), MOCK_PLANNER_COSTS)
+    if kind in PREDICTIONS:
+        fallback = PlannedSuffixDrafter(SuffixDrafter(), MOCK_PLANNER_COSTS)
+        tokens = prediction if prediction is not None else mock_prediction(kind, target, prompt, n)
+        return PredictionDrafter(tokens, costs=MOCK_PLANNER_COSTS, fallback=fallback)
     return draft
 
 
@@ -282,7 +324,7 @@ def run_greedy(cfg: Level2Config, log: ProgressLog | None) -> list[GreedyUnit]:
                     for k in cfg.greedy_ks:
                         spec = generate(
                             target,
-                            _drafter(drafter, draft),
+                            _drafter(drafter, draft, target, prompt, cfg.greedy_max_new_tokens),
                             prompt,
                             max_new_tokens=cfg.greedy_max_new_tokens,
                             k=k,
@@ -314,14 +356,20 @@ def sample_windows(
     draft, target = setup.pair(vocab, cfg.seed)
     end = max(s + m - 1 for s, m in cfg.windows)
     counts = {w: np.zeros(vocab ** w[1], dtype=np.int64) for w in cfg.windows}
-    drafter = _drafter(setup.drafter, draft) if setup.k > 0 else None
+    n = end + setup.k
+    drafter = _drafter(setup.drafter, draft, target, prompt, n) if setup.k > 0 else None
+    predicted = (
+        mock_prediction(setup.drafter, target, prompt, n) if setup.drafter in PREDICTIONS else None
+    )
     for i in range(cfg.sequences):
         toks: list[int] = []
+        if predicted is not None:  # a prediction drafter follows one generation
+            drafter = _drafter(setup.drafter, draft, target, prompt, n, predicted)
         for ev in generate_stream(
             target,
             drafter,
             prompt,
-            max_new_tokens=end + setup.k,
+            max_new_tokens=n,
             k=setup.k,
             sampling=setup.sampling,
             seed=derive_seed(cfg.seed, "l2", setup.name, i),
