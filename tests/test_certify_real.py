@@ -115,6 +115,20 @@ def test_residual_after_first_round_is_invisible_in_the_first_round() -> None:
     assert r.pertoken is not None and not r.pertoken.decoder_rejected
 
 
+def test_level3_with_predictions_passes_and_a_wrong_walk_fails() -> None:
+    """Predictions in Level 3 (``--prompts code_predict``): each prompt's prediction drafted
+    in front of the draft, right (the target's greedy output) for one prompt, wrong at every
+    position for another, none for the rest. A correct decoder passes; the always-accept
+    walk, which keeps every predicted token, fails."""
+    draft, target = _pair()
+    right = generate(target, None, PROMPTS[0], max_new_tokens=16, k=0).tokens
+    wrong = [(t + 1) % target.vocab_size for t in right]
+    predictions = [right, wrong] + [None] * (len(PROMPTS) - 2)
+    r = _run(draft, target, predictions=predictions)
+    assert r.status == "pass", r.summary()
+    assert _run(draft, target, "always-accept", predictions=predictions).status == "fail"
+
+
 def test_always_accept_fails_level3() -> None:
     """A walk that accepts every draft fails the sampled per-token test. (Greedy rounds take
     the argmax matches directly, ``verifiers.greedy_verify``, so the fault cannot reach the
@@ -239,3 +253,16 @@ def test_probe_bound_accounts_for_temperature_and_truncation() -> None:
 def test_top2_gap() -> None:
     """Largest minus second-largest logit, exactly."""
     assert top2_gap(torch.tensor([1.0, 3.0, 2.5])) == 0.5
+
+
+def test_code_predict_prompts_come_with_their_predictions() -> None:
+    """``--prompts code_predict``: the texts and, in the same order, their predictions; a set
+    without predictions gives None."""
+    from specdec.certify.prompts import load_prompt_predictions, load_prompt_texts
+
+    texts, where = load_prompt_texts("code_predict", 5)
+    predictions = load_prompt_predictions("code_predict", 5)
+    assert predictions is not None and len(texts) == len(predictions) == 5
+    assert all(p for p in predictions) and "prediction" in where
+    assert all(p in t for t, p in zip(texts, predictions, strict=True))  # the code edited
+    assert load_prompt_predictions("spec_bench", 5) is None

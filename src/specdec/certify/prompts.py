@@ -62,6 +62,11 @@ def load_prompt_texts(source: str | None, n: int) -> tuple[list[str], str]:
     if source in (None, BUILTIN):
         texts = list(DEFAULT_PROMPTS)
         return texts[:n] if n > 0 else texts, "built-in prompts"
+    if source == CODE_PREDICT:  # code edits with the code as prediction (predicted outputs)
+        from specdec.prompt_sets import load_code_predict
+
+        texts = [p.text for p in load_code_predict()]
+        return (texts[:n] if n > 0 else texts), "code_predict (packaged, with predictions)"
     if source == SPEC_BENCH:
         try:
             from specdec.prompt_sets import load_spec_bench
@@ -78,3 +83,24 @@ def load_prompt_texts(source: str | None, n: int) -> tuple[list[str], str]:
     if not texts:
         raise ConfigError(f"prompt file {path} holds no prompts")
     return (texts[:n] if n > 0 else texts), str(path)
+
+
+CODE_PREDICT = "code_predict"
+
+
+def load_prompt_predictions(source: str | None, n: int) -> list[str | None] | None:
+    """The predictions (OpenAI's predicted outputs) that go with ``load_prompt_texts(source,
+    n)``'s prompts, in the same order: from the packaged code_predict set or a JSONL file
+    with "prediction" fields; None when no prompt carries one."""
+    if source == CODE_PREDICT:
+        from specdec.prompt_sets import load_code_predict
+
+        found: list[str | None] = [p.prediction for p in load_code_predict()]
+    elif source in (None, BUILTIN, SPEC_BENCH):
+        return None
+    else:
+        from specdec.prompt_sets import load_prompt_file
+
+        found = [p.prediction for p in load_prompt_file(Path(source))]
+    found = found[:n] if n > 0 else found
+    return found if any(x is not None for x in found) else None

@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.decoding import GenerationResult, generate
+from specdec.decoding import GenerationResult, as_drafter, generate
 from specdec.drafters.base import Drafter
+from specdec.drafters.prediction import PredictionDrafter
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingConfig
 from specdec.stats import first_difference, softmax_tv_bound
@@ -593,9 +594,12 @@ def run_level3(
     log: ProgressLog | None = None,
     parts: Sequence[str] = ("probe", "greedy", "pertoken"),
     progress: Callable[[str], None] | None = None,
+    predictions: Sequence[Sequence[int] | None] | None = None,
 ) -> Level3Result:
     """Run the parts of Level 3 on a model pair (prompts as token ids); ``progress``
-    receives a one-line message after each completed unit."""
+    receives a one-line message after each completed unit. ``predictions`` (token ids per
+    prompt, None where a prompt has none): each generation of that prompt drafts its
+    prediction in front of the draft (``drafters.prediction``; a fresh drafter each)."""
     say = progress or (lambda _msg: None)
     res = Level3Result(cfg, draft_label, target_label)
     if "probe" in parts:
@@ -607,6 +611,13 @@ def run_level3(
     # from here on the models are only used through the wrappers (the probe used them bare)
     d: CausalLM | Drafter = PrefixReuseLM(draft) if isinstance(draft, CausalLM) else draft
     t = PrefixReuseLM(target)
+
+    def drafter(i: int) -> CausalLM | Drafter:
+        predicted = predictions[i] if predictions is not None and i < len(predictions) else None
+        if predicted is None:
+            return d
+        return PredictionDrafter(predicted, costs=None, fallback=as_drafter(d, t))
+
     if "greedy" in parts:
         t0 = time.perf_counter()
         for i, ids in enumerate(prompts[: cfg.greedy_prompts]):
@@ -616,7 +627,7 @@ def run_level3(
                 div = Divergence(**done["divergence"]) if done["divergence"] else None
                 res.greedy.append(GreedyPrompt(**{**done, "divergence": div}))
                 continue
-            g = greedy_prompt(t, d, ids, cfg, res.tie_threshold, i)
+            g = greedy_prompt(t, drafter(i), ids, cfg, res.tie_threshold, i)
             res.greedy.append(g)
             what = "agrees" if g.divergence is None else f"diverges ({g.divergence.cause})"
             n_greedy = min(len(prompts), cfg.greedy_prompts)
@@ -641,7 +652,7 @@ def run_level3(
                     done = [
                         score_sequence(
                             t,
-                            d,
+                            drafter(i),
                             order_model,
                             ids,
                             k=cfg.k,

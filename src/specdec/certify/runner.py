@@ -21,7 +21,7 @@ from .invariance import batch_invariance
 from .mock_level import run_level2
 from .plan import Plan
 from .progress import ProgressLog
-from .prompts import load_prompt_texts
+from .prompts import load_prompt_predictions, load_prompt_texts
 from .real import run_level3
 from .report import Certificate, write_certificate
 from .synthetic import run_level1
@@ -171,6 +171,20 @@ def run_certificate(
             cert.header["prompts"] = (
                 f"{len(ids)} from {where} ({min(map(len, ids))}-{max(map(len, ids))} tokens)"
             )
+            found = None if prompts is not None else load_prompt_predictions(cfg.prompts_source, n)
+            predictions = (
+                None
+                if found is None
+                else [
+                    None if x is None else target.tokenizer.encode(x, add_special_tokens=False)
+                    for x in found
+                ]
+            )
+            if predictions is not None:
+                cert.header["predictions"] = (
+                    f"{sum(x is not None for x in predictions)} of the prompts carry a "
+                    "prediction, drafted in front of the draft (drafters.prediction)"
+                )
             l3 = cfg.plan.level3
             if "3" in cfg.levels:
                 if draft is None:
@@ -185,6 +199,7 @@ def run_certificate(
                     target_label=cfg.target or "target",
                     log=log,
                     progress=lambda msg: say(f"level 3: {msg}"),
+                    predictions=predictions,
                 )
                 say(f"level 3: {cert.level3.status} ({sum(cert.level3.seconds.values()):.0f} s)")
             else:

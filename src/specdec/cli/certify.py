@@ -65,7 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prompts",
         default=None,
-        help="Level 3 prompts: a JSONL / text file, 'spec_bench' (packaged set) or "
+        help="Level 3 prompts: a JSONL / text file (a 'prediction' field is drafted in front "
+        "of the draft), 'spec_bench' (packaged set), 'code_predict' (code edits with their "
+        "predictions) or "
         "'builtin' (default: builtin with --quick, spec_bench otherwise)",
     )
     p.add_argument(
