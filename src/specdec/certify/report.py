@@ -219,6 +219,8 @@ class Certificate:
             lines.append(f"- target numerics: {NUMERICS_WORDS.get(numerics, numerics)}")
         if h.get("prompts"):
             lines.append(f"- prompts: {h['prompts']}")
+        if h.get("predictions"):
+            lines.append(f"- predictions: {h['predictions']}")
         if h.get("fault"):
             lines.append(f"- **fault injected on purpose: {h['fault']}** (self-test)")
         lines += ["", "## What was shown", ""]
