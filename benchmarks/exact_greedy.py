@@ -19,7 +19,8 @@ One process, one numerics (``--numerics exact``: the target with ``exact=True``;
 
 specdec's configurations after plain reuse the target's cached prompt. Prompts: the
 ``--long`` longest Spec-Bench questions (all over 600 tokens in the template), two per
-coarse category of the rest, 4 code-editing and 2 HumanEval prompts, and 4 code edits of the
+coarse category of the rest (``--per-category``), 4 code-editing (``--code-edits``) and 2
+HumanEval prompts, and 4 code edits of the
 code_predict set with their predictions (a rename, a small edit, a whole-file rewrite and
 an unrelated prediction). Each prompt's record is appended to
 ``--out`` (JSONL) as it completes; ``--resume`` skips the prompts already there. The summary
@@ -48,7 +49,9 @@ LONG = 600  # prompt tokens that make a prompt "long" for the done-when of issue
 PREDICTION_KINDS = ("rename", "small_edit", "whole_file", "control_unrelated")
 
 
-def choose_prompts(target: Any, n_long: int, per_category: int) -> list[tuple[Any, list[int]]]:
+def choose_prompts(
+    target: Any, n_long: int, per_category: int, n_code: int = 4
+) -> list[tuple[Any, list[int]]]:
     from specdec.prompt_sets import (
         load_code_completion,
         load_code_edit,
@@ -64,7 +67,7 @@ def choose_prompts(target: Any, n_long: int, per_category: int) -> list[tuple[An
     longest = by_length[:n_long]
     rest = [p for p in spec if p not in longest]
     chosen = longest + sample_per_category(rest, per_category, seed=0)
-    chosen += load_code_edit()[:4] + load_code_completion()[:2]
+    chosen += load_code_edit()[:n_code] + load_code_completion()[:2]
     by_kind = {p.fine_category: p for p in reversed(load_code_predict())}  # first of each kind
     chosen += [by_kind[k] for k in PREDICTION_KINDS]
     return [(p, ids.get(p.id) or encode_prompt(target, p.text, chat=True)) for p in chosen]
@@ -150,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--long", type=int, default=12, help="the longest Spec-Bench prompts")
     ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--code-edits", type=int, default=4, help="prompts of the code_edit set")
     args = ap.parse_args(argv)
     if args.summary:
         records = [json.loads(x) for x in args.out.read_text().splitlines() if x.strip()]
@@ -184,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     done = set()
     if args.out.exists():
         done = {json.loads(x)["id"] for x in args.out.read_text().splitlines() if x.strip()}
-    prompts = choose_prompts(target, args.long, args.per_category)
+    prompts = choose_prompts(target, args.long, args.per_category, args.code_edits)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for prompt, ids in prompts:
         if prompt.id in done:
