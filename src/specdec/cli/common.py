@@ -14,6 +14,7 @@ from specdec.models.loader import BACKENDS, DEVICES, DTYPES, ModelConfig
 from specdec.pairs import (
     DEFAULT_DRAFT,
     DEFAULT_DRAFT_BACKEND,
+    DEFAULT_K,
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
     DraftRef,
@@ -252,6 +253,31 @@ def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
     if config.how:  # the profile or the machine default chose: say what and why
         print(f"[specdec] {config.how}: {config.label}: {config.reason}", file=sys.stderr)
     return pair
+
+
+def add_speculation_args(p: argparse.ArgumentParser, *, serving: bool = False) -> None:
+    """-k, --adaptive and --auto, as ``generate`` and ``serve`` take them (a request to the
+    server may still set K)."""
+    p.add_argument(
+        "-k",
+        type=int,
+        default=None,
+        help="draft tokens per round; 0 = plain decoding (default: chosen for this machine, "
+        f"see --auto; {DEFAULT_K} when a --draft is given)",
+    )
+    p.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="adapt K each round from the measured acceptance (K is the maximum)",
+    )
+    p.add_argument(
+        "--auto",
+        action="store_true",
+        help=f"{'serve' if serving else 'run'} what `specdec profile` recommends for this "
+        "machine (profiled once, cached): the target's backend, the drafter or plain "
+        "decoding, and K adapted from the profile's costs and the rounds' acceptance"
+        + ("; a request may still set K" if serving else " (reproducible with --seed)"),
+    )
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ from specdec.cli import command_help
 from specdec.cli.common import (
     add_model_args,
     add_sampling_args,
+    add_speculation_args,
     check_common,
     load_from_args,
     quiet_libraries,
@@ -23,7 +24,6 @@ from specdec.cli.common import (
 )
 from specdec.errors import ConfigError
 from specdec.jsonable import json_ready
-from specdec.pairs import DEFAULT_K
 
 if TYPE_CHECKING:
     from specdec.api import Comparison
@@ -38,25 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("prompt", nargs="?", help="prompt text ('-' reads standard input)")
     p.add_argument("-p", "--prompt", dest="prompt_option", help="the prompt, as an option")
-    p.add_argument(
-        "-k",
-        type=int,
-        default=None,
-        help="draft tokens per round; 0 = plain decoding (default: chosen for this machine, "
-        f"see --auto; {DEFAULT_K} when a --draft is given)",
-    )
-    p.add_argument(
-        "--adaptive",
-        action="store_true",
-        help="adapt K each round from the measured acceptance (K is the maximum)",
-    )
-    p.add_argument(
-        "--auto",
-        action="store_true",
-        help="run what `specdec profile` recommends for this machine (profiled once, cached): "
-        "the target's backend, the drafter or plain decoding, and K adapted from the "
-        "profile's costs and the rounds' acceptance (reproducible with --seed)",
-    )
+    add_speculation_args(p)
     p.add_argument("--max-new-tokens", "-n", "--max-tokens", type=int, default=128)
     chat = p.add_mutually_exclusive_group()
     chat.add_argument(

@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 
 from specdec.cli import command_help
-from specdec.cli.common import add_model_args, check_common, load_from_args, quiet_libraries
+from specdec.cli.common import (
+    add_model_args,
+    add_speculation_args,
+    check_common,
+    load_from_args,
+    quiet_libraries,
+)
 from specdec.credentials import API_KEY_ENV, read_api_key
 from specdec.errors import ConfigError
 from specdec.pairs import DEFAULT_K, release
@@ -43,20 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="read special-token text inside chat messages (such as <|im_end|>) as special "
         "tokens; by default it is plain text, so a message cannot forge a turn",
     )
-    p.add_argument(
-        "-k",
-        type=int,
-        default=None,
-        help="draft tokens per round; 0 = plain decoding (default: chosen for this machine as "
-        f"`specdec generate` does; {DEFAULT_K} when a --draft is given)",
-    )
-    p.add_argument("--adaptive", action="store_true", help="adapt K each round (K = maximum)")
-    p.add_argument(
-        "--auto",
-        action="store_true",
-        help="serve what `specdec profile` recommends for this machine (profiled once, "
-        "cached): backend, drafter or plain, K adapted per round; requests may still set K",
-    )
+    add_speculation_args(p, serving=True)
     p.add_argument(
         "--max-tokens",
         "-n",
