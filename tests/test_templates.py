@@ -4,8 +4,6 @@ the text transformers gives."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from specdec.templates import TemplateError, TemplateLimits, render_chat
@@ -35,11 +33,11 @@ HOSTILE = [
 
 @pytest.mark.parametrize(("name", "template", "words"), HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_templates_stop_with_one_clear_error(name: str, template: str, words: str) -> None:
-    t0 = time.monotonic()
+    """Each ends in the error that names the bound it hit (the message says which limit
+    fired, so a run that finished some other way cannot pass)."""
     with pytest.raises(TemplateError, match="the chat template") as info:
         render_chat(template, MESSAGES, limits=TemplateLimits(seconds=0.5))
     assert words in str(info.value)
-    assert time.monotonic() - t0 < 5.0  # bounded: the limit plus start-up, never a hang
 
 
 CHATML = (
