@@ -105,6 +105,48 @@ def test_pair_compare_runs_both_and_can_tell_outputs_apart() -> None:
     assert pair.speculates(0, prediction=None) is False and pair.speculates(None, "x")
 
 
+def test_comparison_report_says_why_greedy_outputs_differ() -> None:
+    """The comparison's last line: identical greedy outputs say yes; differing ones say
+    near-tie with fast numerics and name a bug with exact numerics; sampled ones that
+    differ need no explanation (the same distribution, other draws)."""
+    import dataclasses
+
+    import specdec
+
+    pair = specdec.load(
+        "mock:target", "mock:close", target_backend="mock", draft_backend="mock", n_ctx=256
+    )
+    c = pair.compare("hello", k=4, max_new_tokens=12, stop_on_eos=False)
+    assert c.greedy and c.report("K=4")[-1].endswith("outputs identical: yes")
+    assert c.to_dict()["identical_output"] is True and c.to_dict()["text"] == c.speculative.text
+    other = dataclasses.replace(c.plain.result, tokens=[*c.plain.tokens[:-1], -1])
+    differ = dataclasses.replace(c, plain=specdec.api.Completion(c.plain.text, other))
+    assert "near-tie" in differ.report("K=4")[-1]
+    exact = dataclasses.replace(
+        c.speculative.result, extra={**c.speculative.result.extra, "exact": True}
+    )
+    bug = dataclasses.replace(differ, speculative=specdec.api.Completion("", exact))
+    assert "a bug" in bug.report("K=4")[-1]
+    sampled = dataclasses.replace(differ, greedy=False)
+    assert sampled.report("K=4")[-1].endswith("outputs identical: no")
+
+
+def test_prompt_from_standard_input_is_read_with_a_bound(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    from specdec.cli import inputs
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello")))
+    rc, out, _ = run_cli(capsys, "generate", "-", *MOCK, "-k", "2", "-n", "4", "--no-stop")
+    assert rc == 0 and out.count("<") == 4
+    monkeypatch.setattr(inputs, "MAX_TEXT_FILE", 4)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello")))
+    rc, _, err = run_cli(capsys, "generate", "-", *MOCK)
+    assert rc == 2 and "the prompt on standard input is larger than" in err
+
+
 def test_k_zero_is_plain_decoding(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run_cli(
         capsys, "generate", "hello", *MOCK, "-k", "0", "--max-new-tokens", "5", "--no-stop"

@@ -237,8 +237,18 @@ CLI_ROWS: list[tuple[str, list[str], int, str]] = [
     ("demo threads 0", ["demo", "--threads", "0"], 2, "specdec: error: --threads must be"),
     ("demo threads -1", ["demo", "--threads", "-1"], 2, "specdec: error: --threads must be"),
     ("prediction from /dev/zero", [*GEN, "--prediction", "/dev/zero", "hi"], 2, "specdec: error"),
-    ("prediction missing", [*GEN, "--prediction", "/no/such", "hi"], 2, "specdec: error: --pred"),
-    ("prediction a directory", [*GEN, "--prediction", "/tmp", "hi"], 2, "specdec: error: --pred"),
+    (
+        "prediction missing",
+        [*GEN, "--prediction", "/no/such", "hi"],
+        2,
+        "specdec: error: cannot read --pred",
+    ),
+    (
+        "prediction a directory",
+        [*GEN, "--prediction", "/tmp", "hi"],
+        2,
+        "specdec: error: cannot read --pred",
+    ),
 ]
 
 

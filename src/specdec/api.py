@@ -75,6 +75,10 @@ class Completion:
         """The result as a JSON-ready dict (``GenerationResult.to_dict``)."""
         return self.result.to_dict()
 
+    def to_dict(self) -> dict[str, Any]:
+        """``stats`` with the text."""
+        return {**self.stats, "text": self.text}
+
     def __str__(self) -> str:
         return self.text
 
@@ -82,10 +86,12 @@ class Completion:
 @dataclasses.dataclass
 class Comparison:
     """What ``Pair.compare`` returns: one request decoded plainly (k=0) and as configured, on
-    the same loaded models, one after the other."""
+    the same loaded models, one after the other; ``greedy``: the request was greedy (so
+    the outputs must be identical where the numerics are exact)."""
 
     plain: Completion
     speculative: Completion
+    greedy: bool = True
 
     @property
     def speedup(self) -> float:
@@ -106,6 +112,37 @@ class Comparison:
         if s.finish_reason == p.finish_reason == "stop":
             return s.text == p.text
         return s.tokens == p.tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plain": self.plain.stats,
+            "speculative": self.speculative.stats,
+            "speedup": self.speedup,
+            "decode_speedup": self.decode_speedup,
+            "identical_output": self.identical,
+            "text": self.speculative.text,
+        }
+
+    def report(self, label: str) -> list[str]:
+        """For people: the stats line of each run (the speculative one under ``label``), then
+        the speedups and whether the outputs are identical, with why where greedy ones differ."""
+        p, s = self.plain.result, self.speculative.result
+        why = ""
+        if not self.identical and self.greedy:
+            why = (
+                " (a bug: exact numerics must give plain decoding's tokens)"
+                if s.extra.get("exact")
+                else " (a near-tie that llama.cpp's batched kernels flip: --exact makes "
+                "speculative output plain decoding's, bit for bit)"
+            )
+        return [
+            p.summary("plain"),
+            s.summary(label),
+            f"[specdec] speedup {self.speedup:.2f}x wall clock ({p.e2e_tokens_per_second:.2f} -> "
+            f"{s.e2e_tokens_per_second:.2f} tok/s incl. prefill), decode {self.decode_speedup:.2f}x"
+            f" ({p.tokens_per_second:.1f} -> {s.tokens_per_second:.1f} tok/s), on the same loaded "
+            f"model; outputs identical: {'yes' if self.identical else 'no'}{why}",
+        ]
 
 
 @dataclasses.dataclass
@@ -167,9 +204,11 @@ class TextStream:
         """End the generation after the round in progress (finish_reason "cancelled")."""
         return self.generation.stop("cancelled")
 
-    def run(self) -> Completion:
-        for _ in self:
-            pass
+    def run(self, on_text: Callable[[str], None] | None = None) -> Completion:
+        """Drain the stream (each piece to ``on_text`` when given) and return the completion."""
+        for piece in self:
+            if on_text is not None:
+                on_text(piece)
         assert self.completion is not None
         return self.completion
 
@@ -399,12 +438,8 @@ class Pair:
         for k_warm in (0, k):
             self.generate(prompt, k=k_warm, **warm)
         plain = self.generate(prompt, k=0, **options)
-        stream = self.stream(prompt, k=k, **options)
-        for piece in stream:
-            if on_text is not None:
-                on_text(piece)
-        assert stream.completion is not None
-        return Comparison(plain, stream.completion)
+        speculative = self.stream(prompt, k=k, **options).run(on_text)
+        return Comparison(plain, speculative, float(options.get("temperature", 0)) == 0)
 
     def speculates(self, k: int | None = None, prediction: object = None) -> bool:
         """Whether a request with this ``k`` (None: the configuration's) would draft at all."""

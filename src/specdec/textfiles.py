@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,17 @@ def _mib(n: int) -> str:
 
 
 def read_bytes(path: str | os.PathLike[str], what: str, limit: int = MAX_TEXT_BYTES) -> bytes:
-    """The bytes of ``path``, at most ``limit`` of them (a longer file, a device such as
-    /dev/zero, or an endless pipe is a ConfigError once the limit is passed)."""
+    """The bytes of ``path`` ("-": standard input), at most ``limit`` of them (a longer file,
+    a device such as /dev/zero, or an endless pipe is a ConfigError once the limit is
+    passed)."""
     p = Path(path)
+    if str(path) == "-":
+        if sys.stdin is None or sys.stdin.closed:
+            raise ConfigError(f"{what} is '-' but standard input is closed")
+        data = sys.stdin.buffer.read(limit + 1)
+        if len(data) > limit:
+            raise ConfigError(f"{what} on standard input is larger than {_mib(limit)}")
+        return data
     try:
         with p.open("rb") as f:
             data = f.read(limit + 1)
@@ -48,7 +57,8 @@ def read_text(path: str | os.PathLike[str], what: str, limit: int = MAX_TEXT_BYT
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{what} {path} is not valid UTF-8 at byte {e.start}") from e
+        where = "on standard input" if str(path) == "-" else str(path)
+        raise ConfigError(f"{what} {where} is not valid UTF-8 at byte {e.start}") from e
 
 
 def require_regular(path: str | os.PathLike[str], what: str) -> None:

@@ -106,30 +106,6 @@ def draft_reference(args: argparse.Namespace) -> str:
     return str(args.draft or DEFAULT_DRAFT)
 
 
-MAX_TEXT_FILE = 16 * 2**20  # bytes read from a --prediction / prompt file at most
-
-
-def read_text_file(path: str, flag: str) -> str:
-    """A UTF-8 text file ('-': standard input) given with ``flag``, bounded in size; a
-    missing, unreadable, oversized or non-UTF-8 file is one ConfigError."""
-    try:
-        if path == "-":
-            if sys.stdin is None or sys.stdin.closed:
-                raise ConfigError(f"{flag} is '-' but standard input is closed")
-            raw = sys.stdin.buffer.read(MAX_TEXT_FILE + 1)
-        else:
-            with open(path, "rb") as f:
-                raw = f.read(MAX_TEXT_FILE + 1)
-    except OSError as e:
-        raise ConfigError(f"{flag} {path}: {e.strerror or e}") from e
-    if len(raw) > MAX_TEXT_FILE:
-        raise ConfigError(f"{flag} {path} is over {MAX_TEXT_FILE // 2**20} MiB")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{flag} {path} is not valid UTF-8 at byte {e.start}") from e
-
-
 def parse_int_list(text: str, what: str) -> tuple[int, ...]:
     """'1,2,4' or '1-8' or '1-4,6,8' -> ints, in the given order (at most MAX_LIST of
     them: a range is measured before it is expanded)."""
@@ -185,28 +161,6 @@ def check_draft_window(args: argparse.Namespace) -> None:
         raise ConfigError("--draft-window names a draft model; --auto chooses the drafter itself")
 
 
-def read_prompt(value: str) -> str:
-    """The prompt argument as text ('-' reads standard input, at most MAX_TEXT_FILE bytes:
-    an endless pipe is an error, not a hang), with bytes that are not UTF-8 reported by
-    position rather than passed on to a tokenizer."""
-    if value == "-":
-        if sys.stdin is None or sys.stdin.closed:
-            raise ConfigError("the prompt is '-' but standard input is closed")
-        raw = sys.stdin.buffer.read(MAX_TEXT_FILE + 1)
-        if len(raw) > MAX_TEXT_FILE:
-            raise ConfigError(f"the prompt on standard input is over {MAX_TEXT_FILE >> 20} MiB")
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ConfigError(
-                f"the prompt on standard input is not valid UTF-8 at byte {e.start}"
-            ) from e
-    bad = next((i for i, ch in enumerate(value) if 0xD800 <= ord(ch) <= 0xDFFF), None)
-    if bad is not None:  # argv bytes that were not UTF-8 arrive as lone surrogates
-        raise ConfigError(f"the prompt is not valid UTF-8 at character {bad}")
-    return value
-
-
 def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
     """The named draft and target of the command line (``configuration.model_refs``), for
     the commands that load exactly what they are told (certify)."""
@@ -231,9 +185,10 @@ def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
     ``prompt_tokens`` / ``new_tokens`` for the choice of configuration."""
     from specdec.api import load
 
+    draft = draft_reference(args)
     pair = load(
         args.target,
-        draft_reference(args),
+        draft,
         target_backend=args.target_backend,
         draft_backend=args.draft_backend,
         device=args.target_device or args.device,

@@ -85,13 +85,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"[specdec] task {task.id} ({len(ids)}-token prompt): {instruction}", file=sys.stderr)
     c = pair.compare(ids, max_new_tokens=args.max_new_tokens, prediction=task.prediction)
     print(c.speculative.text)
-    plain, spec = c.plain.result, c.speculative.result
-    print(plain.summary("plain"), file=sys.stderr)
-    print(spec.summary("with the prediction"), file=sys.stderr)
-    print(
-        f"[specdec] decode speed {c.decode_speedup:.2f}x of plain decoding on the same loaded "
-        f"model ({plain.tokens_per_second:.1f} -> {spec.tokens_per_second:.1f} tok/s); "
-        f"outputs identical: {'yes' if c.identical else 'no'}",
-        file=sys.stderr,
-    )
+    for line in c.report("with the prediction"):
+        print(line, file=sys.stderr)
     return 0

@@ -9,7 +9,6 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any
 
 from specdec.cli import command_help
 from specdec.cli.common import (
@@ -19,14 +18,10 @@ from specdec.cli.common import (
     check_common,
     load_from_args,
     quiet_libraries,
-    read_prompt,
-    read_text_file,
 )
+from specdec.cli.inputs import read_inputs
 from specdec.errors import ConfigError
 from specdec.jsonable import json_ready
-
-if TYPE_CHECKING:
-    from specdec.api import Comparison
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -92,84 +87,47 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.api import check_request
-
     quiet_libraries()
     check_common(args)
-    if args.prompt is not None and args.prompt_option is not None:
-        raise ConfigError("give the prompt once: as the argument or with -p/--prompt")
-    if args.prompt is None and args.prompt_option is None and args.messages is None:
-        raise ConfigError("give a prompt (argument or -p/--prompt) or --messages FILE")
-    given = args.prompt if args.prompt is not None else args.prompt_option
-    prompt = read_prompt(given) if given is not None else None
-    if prompt is not None and not prompt.strip():
-        raise ConfigError("the prompt is empty")
-    prediction = read_text_file(args.prediction, "--prediction") if args.prediction else None
-    from specdec.prompting import read_messages
-
-    messages = read_messages(args.messages) if args.messages is not None else None
-    if args.raw and (args.system is not None or messages is not None):
-        raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
-    request = {  # checked now, before anything is loaded
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "stop": args.stop,
-    }
-    check_request(k=args.k, **request)
-    text = prompt or "".join(m["content"] for m in messages or [])
+    given = read_inputs(args)
     t0 = time.perf_counter()
     pair = load_from_args(  # about 4 characters per token (spots long prompts)
-        args, prompt_tokens=len(text) // 4, new_tokens=args.max_new_tokens
+        args, prompt_tokens=len(given.text) // 4, new_tokens=args.max_new_tokens
     )
     t_load = time.perf_counter() - t0
     chat = True if args.chat else (False if args.raw else None)  # None: template if any
     ids = pair.encode(
-        prompt,
-        messages=messages,
-        system=args.system,
-        chat=chat,
+        given.prompt, messages=given.messages, system=args.system, chat=chat,
         parse_special=args.parse_special,
-    )
+    )  # fmt: skip
     print(f"[specdec] loaded in {t_load:.1f} s; prompt {len(ids)} tokens", file=sys.stderr)
-    options: dict[str, Any] = {
-        **request,
-        "adaptive": args.adaptive,
-        "seed": args.seed,
-        "stop_on_eos": not args.no_stop,
-        "prediction": prediction,
-    }
+    options = given.options
     show = None if args.json else _write
-    if args.compare and pair.speculates(args.k, prediction):
-        config = pair.config
-        label = "prediction" if prediction else (config.how if config else "") or f"K={args.k}"
-        return _compare(pair.compare(ids, k=args.k, on_text=show, **options), args, label)
+    config = pair.config
+    assert config is not None
+    if args.compare and pair.speculates(args.k, given.prediction):
+        label = "prediction" if given.prediction else config.how or f"K={args.k}"
+        c = pair.compare(ids, k=args.k, on_text=show, **options)
+        if args.json:
+            print(json.dumps(json_ready(c.to_dict()), allow_nan=False))
+        else:
+            _write("\n")
+            print(*c.report(label), sep="\n", file=sys.stderr)
+        return 0
+    if args.compare and pair.auto is None:
+        raise ConfigError("--compare needs a drafter (-k > 0 and a --draft) or --prediction")
     if args.compare:
-        if pair.auto is None:
-            raise ConfigError("--compare needs a drafter (-k > 0 and a --draft) or --prediction")
-        print(
-            "[specdec] --compare: the configuration chosen here is plain decoding, so there is "
-            "nothing to compare; name a drafter (--draft, -k) or give a --prediction",
-            file=sys.stderr,
-        )
-    stream = pair.stream(ids, k=args.k, **options)
-    for piece in stream:
-        if show is not None:
-            show(piece)
-    done = stream.completion
-    assert done is not None
-    if args.json and not args.compare:
-        config = pair.config
-        assert config is not None
-        record = {**done.result.to_dict(), "text": done.text, "load_seconds": t_load}
+        print("[specdec] --compare: what was chosen here is plain decoding: nothing to compare; "
+              "name a drafter (--draft, -k) or give a --prediction", file=sys.stderr)  # fmt: skip
+    done = pair.stream(ids, k=args.k, **options).run(show)
+    if args.json:
+        record = {**done.to_dict(), "load_seconds": t_load}
         if config.how:  # what the default / --auto chose, and why
             k = config.k if args.k is None else args.k
             record["configuration"] = {"label": config.label, "k": k, "reason": config.reason}
         print(json.dumps(json_ready(record), allow_nan=False))
     else:
-        if show is not None:
-            show("\n")
+        _write("\n")
         print(done.result.summary(), file=sys.stderr)
     return 0
 
@@ -177,36 +135,3 @@ def run(args: argparse.Namespace) -> int:
 def _write(piece: str) -> None:
     sys.stdout.write(piece)
     sys.stdout.flush()
-
-
-def _compare(c: Comparison, args: argparse.Namespace, label: str) -> int:
-    """Print a comparison: the two stats lines and the speedup (or one JSON object)."""
-    if args.json:
-        record = {
-            "plain": c.plain.result.to_dict(),
-            "speculative": c.speculative.result.to_dict(),
-            "speedup": c.speedup,
-            "identical_output": c.identical,
-            "text": c.speculative.text,
-        }
-        print(json.dumps(json_ready(record), allow_nan=False))
-        return 0
-    _write("\n")
-    spec = c.speculative.result
-    print(c.plain.result.summary("plain"), file=sys.stderr)
-    print(spec.summary(label), file=sys.stderr)
-    note = ""
-    if not c.identical and args.temperature == 0:
-        note = (
-            " (a bug: exact numerics must give plain decoding's tokens)"
-            if spec.extra.get("exact")
-            else " (a near-tie that llama.cpp's batched kernels flip: --exact makes speculative "
-            "output plain decoding's, bit for bit)"
-        )
-    print(
-        f"[specdec] speedup {c.speedup:.2f}x wall clock ({c.plain.result.e2e_tokens_per_second:.2f}"
-        f" -> {spec.e2e_tokens_per_second:.2f} tok/s incl. prefill); outputs identical: "
-        f"{'yes' if c.identical else 'no'}{note}",
-        file=sys.stderr,
-    )
-    return 0

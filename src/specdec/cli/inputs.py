@@ -1,0 +1,72 @@
+"""What ``specdec generate`` is asked, read and checked before anything is loaded: the prompt
+(an argument, ``-p`` or standard input), earlier chat turns (``--messages``), the expected
+output (``--prediction``) and the decoding options (``api.check_request``'s checks). Files
+and standard input are read with a size bound (``specdec.textfiles``): an endless pipe or a
+device is an error, not a hang."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from specdec.errors import ConfigError
+from specdec.prompting import Message, check_text, read_messages
+from specdec.textfiles import read_text
+
+MAX_TEXT_FILE = 16 << 20  # bytes of a prompt or prediction read at most
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    prompt: str | None
+    messages: list[Message] | None
+    prediction: str | None
+    options: dict[str, Any]  # Pair.stream's keyword arguments, checked
+
+    @property
+    def text(self) -> str:
+        """All the text given (for a size estimate before the tokenizer is loaded)."""
+        return self.prompt or "".join(m["content"] for m in self.messages or [])
+
+
+def read_inputs(args: argparse.Namespace) -> Inputs:
+    """The prompt, messages, prediction and decoding options of the command line, or one
+    ConfigError."""
+    from specdec.api import check_request  # torch: not for --help
+
+    request = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "stop": args.stop,
+    }
+    check_request(k=args.k, **request)
+    if args.prompt is not None and args.prompt_option is not None:
+        raise ConfigError("give the prompt once: as the argument or with -p/--prompt")
+    given = args.prompt if args.prompt is not None else args.prompt_option
+    if given is None and args.messages is None:
+        raise ConfigError("give a prompt (argument or -p/--prompt) or --messages FILE")
+    prompt = None
+    if given == "-":
+        prompt = read_text("-", "the prompt", MAX_TEXT_FILE)
+    elif given is not None:  # argv bytes that were not UTF-8 arrive as lone surrogates
+        check_text(given, "the prompt")
+        prompt = given
+    if prompt is not None and not prompt.strip():
+        raise ConfigError("the prompt is empty")
+    messages = read_messages(args.messages) if args.messages is not None else None
+    if args.raw and (args.system is not None or messages is not None):
+        raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
+    prediction = None
+    if args.prediction is not None:
+        prediction = read_text(args.prediction, "--prediction", MAX_TEXT_FILE)
+    options = {
+        **request,
+        "adaptive": args.adaptive,
+        "seed": args.seed,
+        "stop_on_eos": not args.no_stop,
+        "prediction": prediction,
+    }
+    return Inputs(prompt, messages, prediction, options)
