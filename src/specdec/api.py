@@ -528,8 +528,9 @@ def load(
 def load_configuration(config: Configuration, log: Callable[[str], None] = lambda _: None) -> Pair:
     """Load a resolved ``Configuration`` (``configuration.resolve``); ``log`` hears when the
     target's costs are measured for a planned drafter."""
+    costs = config.costs(log)  # measured (once, cached) before the models load
     draft, target = load_pair(
-        config.draft, config.target, costs=config.costs(log), draft_window=config.draft_window
+        config.draft, config.target, costs=costs, draft_window=config.draft_window
     )
     return Pair(
         target,
