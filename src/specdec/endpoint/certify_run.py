@@ -254,6 +254,22 @@ class _Run:
             + ("; that is the minimum, so the run takes longer" if n == plan.min_samples else "")
         )
 
+    def _sampled_request(self, text: str, seed: int, *, with_ids: bool) -> Request:
+        """One request of the sampled part (and of its pilot): the plan's sampling settings;
+        with token ids and the sampled token's logprob where the per-token test runs."""
+        plan = self.plan
+        return Request(
+            text,
+            plan.sample_tokens,
+            temperature=plan.temperature,
+            seed=seed,
+            top_p=plan.top_p,
+            top_k=plan.top_k,
+            logprobs=1 if with_ids else None,
+            stream=False,
+            extra=TOKEN_IDS if with_ids else {},
+        )
+
     async def _pilot(self, prompt_ids: list[list[int]] | None) -> float:
         """Seconds per request pair of the sampled part (both servers at once where they
         work at once), from PILOT requests per side on the first sampled prompt with seeds
@@ -264,17 +280,7 @@ class _Run:
         times: dict[str, list[float]] = {"on": [], "off": [], "score": []}
 
         async def one(side: str, seed: int) -> None:
-            req = Request(
-                text,
-                plan.sample_tokens,
-                temperature=plan.temperature,
-                seed=seed,
-                top_p=plan.top_p,
-                top_k=plan.top_k,
-                logprobs=1 if prompt_ids is not None else None,
-                stream=False,
-                extra=TOKEN_IDS if prompt_ids is not None else {},
-            )
+            req = self._sampled_request(text, seed, with_ids=prompt_ids is not None)
             async with self.gates[side]:
                 r = await self.client(side).generate(req)
             times[side].append(r.e2e_s)
@@ -306,7 +312,6 @@ class _Run:
         total = len(texts) * plan.samples * (3 if prompt_ids is not None else 2)
         started = time.monotonic()
         done = [0]
-        extra = TOKEN_IDS if prompt_ids is not None else {}
         pits: dict[tuple[int, int], list[float]] = {}
 
         def tick() -> None:
@@ -314,17 +319,7 @@ class _Run:
             self.pace.progress("sampled", done[0], total, started)
 
         async def one(i: int, k: int, side: str, seed: int) -> str:
-            req = Request(
-                texts[i],
-                plan.sample_tokens,
-                temperature=plan.temperature,
-                seed=seed,
-                top_p=plan.top_p,
-                top_k=plan.top_k,
-                logprobs=1 if prompt_ids is not None else None,
-                stream=False,
-                extra=extra,
-            )
+            req = self._sampled_request(texts[i], seed, with_ids=prompt_ids is not None)
             r = await self.reply(f"sampled:{i}:{side}:{k}", side, req, timed=True)
             tick()
             if side == "on" and prompt_ids is not None:
