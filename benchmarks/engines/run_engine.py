@@ -5,7 +5,8 @@ run as a user would type them, and everything they print goes next to their resu
     .venv/bin/python benchmarks/engines/run_engine.py ENGINE MODE STEP [--root DIR] [--out DIR]
 
 ENGINE / MODE: ``vllm`` draft|ngram, ``llama-server`` draft|ngram, ``llama-cpp-python``
-lookup (the spec-off server is the same engine without speculation). STEP:
+lookup (the spec-off server is the same engine without speculation); ``off`` puts the spec-off
+server on both sides (for ``certify``: an A/A run, which must PASS). STEP:
 
 - ``switch``: one spec-on server alone, the per-request switch (``speculative.n_max = 0``);
   the probe must either verify it from the draft counters or refuse it.
@@ -17,6 +18,8 @@ lookup (the spec-off server is the same engine without speculation). STEP:
   minutes); resumable.
 - ``wrong``: ``certify --quick`` through ``wrong_proxy.py`` in front of the spec-on server
   (``--fault``); it must FAIL.
+- ``probe``: the spec-on server alone and idle, ``sampled_probe.py`` (one prompt, sampled
+  and greedy, with the sampling fields a client might send).
 
 Results: OUT/ENGINE/ (default benchmarks/results/engines), one log per step with the machine
 load (``uptime``) before and after, the commands, and what they printed.
@@ -121,12 +124,23 @@ class Log:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("engine", choices=sorted(PORTS))
-    ap.add_argument("mode", choices=("draft", "ngram", "lookup"))
-    ap.add_argument("step", choices=("switch", "bench", "certify", "wrong"))
+    ap.add_argument(
+        "mode",
+        choices=("draft", "ngram", "lookup", "off"),
+        help="the spec-on side's speculation; off: the spec-off server on both sides (an A/A "
+        "certificate: the test's own false-alarm check on this engine)",
+    )
+    ap.add_argument("step", choices=("switch", "bench", "certify", "wrong", "probe"))
     ap.add_argument("--root", type=Path, default=S.DEFAULT_ROOT)
     ap.add_argument("--out", type=Path, default=S.REPO / "benchmarks/results/engines")
     ap.add_argument("--plan", default="full", help="quick, full or budget:MINUTES")
     ap.add_argument("--fault", default="swap:0.5", help="wrong_proxy.py's --fault")
+    ap.add_argument(
+        "--tie-gap",
+        type=float,
+        help="certify's --tie-gap (nats; chosen before the run, e.g. one bf16 step of the "
+        "logits for a bf16 engine)",
+    )
     ap.add_argument(
         "--model",
         default=S.TARGET,
@@ -161,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         name += "-" + a.fault.replace(":", "")
     if a.step == "certify" and a.plan != "full":
         name += "-" + a.plan.replace(":", "")
+    if a.tie_gap is not None:
+        name += f"-tie{a.tie_gap:g}"
     if a.default_batch_threads:
         name += "-default-batch-threads"
     if a.no_pin and a.step != "bench":
@@ -181,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                  "--categories", "mt_bench", "--max-new-tokens", "16", "--no-progress",
                  "--out", str(out / f"{name}.jsonl"), "--overwrite"]
             )  # fmt: skip
+    elif a.step == "probe":
+        on = spec_for(a.engine, a.mode, port, a.root, "0-1", model=a.model)
+        with S.running([on], logs):
+            rc = log.run([sys.executable, str(HERE / "sampled_probe.py"), on.url])
     elif a.step == "bench":
         slots = 4 if a.engine == "llama-server" else 1
         on = spec_for(a.engine, a.mode, port, a.root, "0-1", slots, a.model)
@@ -208,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             plan = CERTIFY_FULL
         elif a.step == "certify" and a.plan.startswith("budget:"):
             plan = [*CERTIFY_BUDGET, "--max-minutes", a.plan.split(":", 1)[1]]
+        if a.tie_gap is not None:
+            plan += ["--tie-gap", str(a.tie_gap)]
         with S.running([off, on], logs):
             target = on.url
             proxy = None
