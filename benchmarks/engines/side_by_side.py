@@ -20,8 +20,13 @@ Design, fixed before the run:
   prompts (``specdec.bench.analysis.cluster_bootstrap_geomean``).
 - Every item is appended (fsynced) to the results file as it finishes; ``--resume`` skips
   items already there, so a crash loses at most one.
+- Memory: all seven servers at once need more than this machine's 24 GiB (vLLM's two take
+  about 17: the first attempt ran out, the kernel spent its time on page faults and the
+  figures were void). ``--engines`` picks the engines of one run; llama-server, the
+  reference, goes into every run, so that each engine's ratio to it is measured within one
+  interleaved run.
 
-    .venv/bin/python benchmarks/engines/side_by_side.py [--rounds 2] [--out FILE]
+    .venv/bin/python benchmarks/engines/side_by_side.py [--rounds 2] [--engines A,B] [--out FILE]
     .venv/bin/python benchmarks/engines/side_by_side.py --report FILE   # the table again
 """
 
@@ -33,6 +38,7 @@ import json
 import math
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -69,20 +75,25 @@ class Variant:
         return f"{self.engine}/{'spec' if self.spec else 'plain'}"
 
 
-def server_specs(root: Path) -> tuple[list[S.ServerSpec], list[tuple[str, str, str | None]]]:
-    """The servers, and per engine (name, spec-on URL, spec-off URL or None: the switch)."""
-    vl_off, vl_on = S.vllm("off", 18300, root=root), S.vllm("draft", 18301, root=root)
-    ls_off = S.llama_server("off", 18310, root=root, slots=GROUP)
-    ls_on = S.llama_server("draft", 18311, root=root, slots=GROUP)
-    lp_off, lp_on = S.llama_cpp_python("off", 18320), S.llama_cpp_python("lookup", 18321)
-    sd = S.specdec_serve(18330)
-    specs = [ls_off, ls_on, lp_off, lp_on, sd, vl_off, vl_on]
-    engines = [
-        ("vllm", vl_on.url, vl_off.url),
-        ("llama-server", ls_on.url, ls_off.url),
-        ("llama-cpp-python", lp_on.url, lp_off.url),
-        ("specdec-serve", sd.url, None),
-    ]
+ENGINES = ("llama-server", "llama-cpp-python", "specdec-serve", "vllm")
+
+
+def server_specs(
+    root: Path, names: Sequence[str] = ENGINES
+) -> tuple[list[S.ServerSpec], list[tuple[str, str, str | None]]]:
+    """The servers of the engines ``names``, and per engine (name, spec-on URL, spec-off URL
+    or None: the per-request switch)."""
+    pairs: dict[str, tuple[S.ServerSpec, S.ServerSpec | None]] = {
+        "llama-server": (
+            S.llama_server("draft", 18311, root=root, slots=GROUP),
+            S.llama_server("off", 18310, root=root, slots=GROUP),
+        ),
+        "llama-cpp-python": (S.llama_cpp_python("lookup", 18321), S.llama_cpp_python("off", 18320)),
+        "specdec-serve": (S.specdec_serve(18330), None),
+        "vllm": (S.vllm("draft", 18301, root=root), S.vllm("off", 18300, root=root)),
+    }
+    specs = [s for n in names for s in pairs[n] if s is not None]
+    engines = [(n, pairs[n][0].url, off.url if (off := pairs[n][1]) else None) for n in names]
     return specs, engines
 
 
@@ -158,7 +169,7 @@ def run(a: argparse.Namespace) -> None:
     elif a.out.exists():
         raise SystemExit(f"{a.out} exists: pass --resume to continue it, or remove it")
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    specs, engines = server_specs(a.root)
+    specs, engines = server_specs(a.root, a.engines)
     vs = variants(engines)
     with S.running(specs, a.logs):
         append(
@@ -171,6 +182,7 @@ def run(a: argparse.Namespace) -> None:
                 "variants": [v.key for v in vs],
                 "servers": {s.name: s.command() for s in specs},
                 "rounds": a.rounds,
+                "engines": list(a.engines),
                 "max_tokens": MAX_TOKENS,
                 "group": GROUP,
             },
@@ -223,7 +235,7 @@ def report(path: Path) -> str:
         f"Results file: `{path.relative_to(S.REPO) if path.is_relative_to(S.REPO) else path}`; "
         f"started {head['time']}, {head['rounds']} rounds, {len(head['prompts'])} prompts, "
         f"{head['max_tokens']} new tokens, greedy, chat API.",
-        f"Machine: {head['machine']['cpus']} cores, {' '.join(head['machine']['avx512'])}; "
+        f"Machine: {head['machine']['cores']} cores ({head['machine']['cpu']}), {' '.join(head['machine']['avx512'])}; "
         f"load at start: {head['machine']['uptime'].split('load average: ')[-1]}; at end: "
         + (foot["machine"]["uptime"].split("load average: ")[-1] if foot else "(unfinished)"),
         "",
@@ -258,7 +270,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", type=Path, default=Path("/tmp/specdec-engine-logs"))
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--report", type=Path, default=None, help="only print the table of FILE")
+    ap.add_argument(
+        "--engines",
+        type=lambda t: tuple(t.split(",")),
+        default=ENGINES,
+        help=f"comma-separated, from {', '.join(ENGINES)} (all: about 24 GiB of memory, "
+        "vLLM's two servers about 17 of them); llama-server is the reference of the last "
+        "column, so keep it in every run",
+    )
     a = ap.parse_args(argv)
+    if unknown := set(a.engines) - set(ENGINES):
+        raise SystemExit(f"unknown engines {sorted(unknown)}: choose from {', '.join(ENGINES)}")
+    # a plain `kill` ends the run through the `finally` that stops the servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if a.report is None:
         run(a)
     path = a.report or a.out
