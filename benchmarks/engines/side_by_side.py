@@ -235,7 +235,8 @@ def report(path: Path) -> str:
         f"Results file: `{path.relative_to(S.REPO) if path.is_relative_to(S.REPO) else path}`; "
         f"started {head['time']}, {head['rounds']} rounds, {len(head['prompts'])} prompts, "
         f"{head['max_tokens']} new tokens, greedy, chat API.",
-        f"Machine: {head['machine']['cores']} cores ({head['machine']['cpu']}), {' '.join(head['machine']['avx512'])}; "
+        f"Machine: {head['machine']['cores']} cores ({head['machine']['cpu']}), "
+        f"{' '.join(head['machine']['avx512'])}; "
         f"load at start: {head['machine']['uptime'].split('load average: ')[-1]}; at end: "
         + (foot["machine"]["uptime"].split("load average: ")[-1] if foot else "(unfinished)"),
         "",
