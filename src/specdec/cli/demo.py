@@ -58,7 +58,7 @@ def verdict(target: str, n_threads: int | None) -> str:
             "verify cost"
         )
     choice = choose(result, None, int(result.spec["n_new"]))
-    reason = choice.reason.split(" Prediction:")[0]  # what was measured, not the forecast
+    reason = choice.reason.split(" Prediction:")[0].rstrip(".")  # measured, not forecast
     line = f"{where}: the profile recommends {choice.label} ({reason})"
     if result.exact:
         price = ExactPrice.from_dict(result.exact)
