@@ -145,6 +145,8 @@ def test_prompt_from_standard_input_is_read_with_a_bound(
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello")))
     rc, _, err = run_cli(capsys, "generate", "-", *MOCK)
     assert rc == 2 and "the prompt on standard input is larger than" in err
+    rc, _, err = run_cli(capsys, "generate", "-", "--prediction", "-", *MOCK)
+    assert rc == 2 and "standard input ('-') can be read once" in err
 
 
 def test_k_zero_is_plain_decoding(capsys: pytest.CaptureFixture[str]) -> None:

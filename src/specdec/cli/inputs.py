@@ -46,6 +46,8 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
     if args.prompt is not None and args.prompt_option is not None:
         raise ConfigError("give the prompt once: as the argument or with -p/--prompt")
     given = args.prompt if args.prompt is not None else args.prompt_option
+    if [given, args.messages, args.prediction].count("-") > 1:
+        raise ConfigError("standard input ('-') can be read once: give the others as files")
     if given is None and args.messages is None:
         raise ConfigError("give a prompt (argument or -p/--prompt) or --messages FILE")
     prompt = None
