@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specdec.bounds import MAX_LIST, check_n_ctx, check_seed, check_threads
 from specdec.configuration import MACHINE_DEFAULT, model_refs
@@ -161,22 +161,27 @@ def check_draft_window(args: argparse.Namespace) -> None:
         raise ConfigError("--draft-window names a draft model; --auto chooses the drafter itself")
 
 
+def _model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The model flags as the keyword arguments that ``model_refs`` and ``specdec.load``
+    share (the target's device and dtype fall back to the common ones); ``exact`` is not
+    among them: None means "the profile decides" to ``load`` but not to ``model_refs``."""
+    return {
+        "target_backend": args.target_backend,
+        "draft_backend": args.draft_backend,
+        "device": args.target_device or args.device,
+        "dtype": args.target_dtype or args.dtype,
+        "draft_device": args.draft_device,
+        "draft_dtype": args.draft_dtype,
+        "n_ctx": args.n_ctx,
+        "n_threads": args.threads,
+    }
+
+
 def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
     """The named draft and target of the command line (``configuration.model_refs``), for
     the commands that load exactly what they are told (certify)."""
-    return model_refs(
-        args.target,
-        args.draft,
-        target_backend=args.target_backend,
-        draft_backend=args.draft_backend,
-        device=args.target_device or args.device,
-        dtype=args.target_dtype or args.dtype,
-        draft_device=args.draft_device,
-        draft_dtype=args.draft_dtype,
-        n_ctx=args.n_ctx,
-        n_threads=args.threads,
-        exact=bool(getattr(args, "exact", False)),
-    )
+    exact = bool(getattr(args, "exact", False))
+    return model_refs(args.target, args.draft, **_model_options(args), exact=exact)
 
 
 def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
@@ -189,19 +194,11 @@ def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
     pair = load(
         args.target,
         draft,
-        target_backend=args.target_backend,
-        draft_backend=args.draft_backend,
-        device=args.target_device or args.device,
-        dtype=args.target_dtype or args.dtype,
-        draft_device=args.draft_device,
-        draft_dtype=args.draft_dtype,
-        n_ctx=args.n_ctx,
-        n_threads=args.threads,
+        **{**_model_options(args), **hints},  # hints: prompt_tokens, new_tokens
         auto=args.auto,
         draft_window=args.draft_window,
         exact=args.exact,
         log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
-        **hints,
     )
     config = pair.config
     assert config is not None
