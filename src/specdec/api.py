@@ -238,30 +238,28 @@ _P = ParamSpec("_P")
 class Pair:
     """A loaded target and its drafter (or none), ready to generate. ``auto`` is the
     profile's choice when the profile or the machine default chose (``load``); ``config`` the
-    resolved configuration it was loaded from (when it came from ``load``); ``costs`` gives the
-    target's measured costs, which size the drafts of a prediction (``stream(prediction=)``;
-    without it a prediction drafts as far as K allows)."""
+    resolved configuration it was loaded from (when it came from ``load``), whose target's
+    measured costs (``target_costs``) size the drafts of a prediction (``stream(prediction=)``;
+    a pair built from models alone drafts a prediction as far as K allows)."""
 
     def __init__(
         self,
         target: CausalLM,
         draft: CausalLM | Drafter | None,
         auto: AutoChoice | None = None,
-        costs: Callable[[], Costs] | None = None,
         config: Configuration | None = None,
     ) -> None:
         self.target = target
         self.draft = draft
         self.auto = auto
-        self._costs = costs
         self.config = config
 
     def target_costs(self) -> Costs | None:
-        """The target's costs: a planned drafter's own, else the pair's provider (measured
-        once per machine and cached), else None."""
+        """The target's costs: a planned drafter's own, else (for a pair from ``load``) measured
+        once per machine and cached, else None."""
         if isinstance(self.draft, PlannedSuffixDrafter):
             return self.draft.costs
-        return self._costs() if self._costs is not None else None
+        return measured_costs(self.config.target, self.target) if self.config else None
 
     def prediction_drafter(self, prediction: str | Sequence[int]) -> PredictionDrafter:
         """A drafter of ``prediction`` (text, tokenized once as plain text, or token ids) in
@@ -502,9 +500,10 @@ def load(
                      most 3 %), else off.
     prompt_tokens, new_tokens: the size of the requests to come, when the profile chooses
                      (a prompt much longer than the probe's re-ranks its choices).
-    log:             hears about a profile that ``auto`` runs first.
+    log:             hears about a profile that ``auto`` runs first, and when the target's
+                     costs are measured for a planned drafter.
     """
-    config = resolve(
+    config = resolve(  # what to run, and why
         target,
         draft,
         target_backend=target_backend,
@@ -522,20 +521,7 @@ def load(
         new_tokens=new_tokens,
         log=log,
     )
-    return load_configuration(config, log)
-
-
-def load_configuration(config: Configuration, log: Callable[[str], None] = lambda _: None) -> Pair:
-    """Load a resolved ``Configuration`` (``configuration.resolve``); ``log`` hears when the
-    target's costs are measured for a planned drafter."""
-    costs = config.costs(log)  # measured (once, cached) before the models load
-    draft, target = load_pair(
-        config.draft, config.target, costs=costs, draft_window=config.draft_window
+    draft_model, target_model = load_pair(
+        config.draft, config.target, costs=config.costs, draft_window=config.draft_window
     )
-    return Pair(
-        target,
-        draft,
-        config.choice,
-        costs=lambda: measured_costs(config.target, target),
-        config=config,
-    )
+    return Pair(target_model, draft_model, config.choice, config=config)

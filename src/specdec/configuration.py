@@ -13,7 +13,7 @@ cost-aware suffix drafter on the target's own backend.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from specdec.errors import ConfigError
@@ -23,13 +23,10 @@ from specdec.pairs import (
     DEFAULT_DRAFT_BACKEND,
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
-    HYBRID_PREFIX,
     CostProvider,
     DraftRef,
-    HybridRef,
     draft_label,
-    is_model_free,
-    is_planned,
+    model_refs,
 )
 
 if TYPE_CHECKING:
@@ -52,6 +49,8 @@ class Configuration:
     draft_window: int | None = None
     choice: AutoChoice | None = None
     how: str = ""  # "auto", "default" (the machine default), or "" (named by the user)
+    # where a planned drafter gets the target's costs (None for any other drafter)
+    costs: CostProvider | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -71,57 +70,12 @@ class Configuration:
     def reason(self) -> str:
         return self.choice.reason if self.choice is not None else "as given"
 
-    def costs(self, log: Log = lambda _: None) -> CostProvider | None:
-        """Where a planned drafter gets the target's costs: the profile's when it measured
-        them (and timed these numerics), else measured once on this machine and cached
-        (``log`` hears when they are measured)."""
-        if not is_planned(self.draft):
-            return None
-
-        def measure(cfg: ModelConfig, target: CausalLM) -> Costs:
-            return measured_costs(cfg, target, log)
-
-        if self.choice is not None and self.choice.costs is not None and not self.target.exact:
-            return self.choice.costs_or(measure)
-        return measure
-
 
 def measured_costs(cfg: ModelConfig, target: CausalLM, log: Log = lambda _: None) -> Costs:
     """The target's costs for a planned drafter: measured once per machine and cached."""
     from specdec.profiler.target_costs import cached_target_costs
 
     return cached_target_costs(cfg, target, log=log)
-
-
-def model_refs(
-    target: str,
-    draft: str | None,
-    *,
-    target_backend: str = DEFAULT_TARGET_BACKEND,
-    draft_backend: str = DEFAULT_DRAFT_BACKEND,
-    device: str = "auto",
-    dtype: str = "auto",
-    draft_device: str | None = None,
-    draft_dtype: str | None = None,
-    n_ctx: int = 4096,
-    n_threads: int | None = None,
-    exact: bool = False,
-) -> tuple[DraftRef, ModelConfig]:
-    """(draft reference, target config) from model references: a model-free drafter stays a
-    string ("none" for None), ``hybrid:MODEL`` becomes a ``HybridRef``, anything else a
-    draft model's ``ModelConfig`` (which never runs exact numerics: a draft only proposes)."""
-    target_cfg = ModelConfig(target, target_backend, device, dtype, n_ctx, n_threads, exact)
-    if draft is None or is_model_free(draft):
-        return draft or "none", target_cfg
-    model = ModelConfig(
-        draft.removeprefix(HYBRID_PREFIX),
-        draft_backend,
-        draft_device or device,
-        draft_dtype or dtype,
-        n_ctx,
-        n_threads,
-    )
-    return (HybridRef(model) if draft.startswith(HYBRID_PREFIX) else model), target_cfg
 
 
 def resolve(
@@ -186,6 +140,9 @@ def resolve(
         draft = choice.draft_ref if choice.speculative else "none"
     if exact is None:  # the profile's decision for this machine, else llama.cpp's numerics
         exact = choice.exact if choice is not None else False
+    from specdec.profiler.target_costs import cost_provider
+
+    costs = cost_provider(draft, choice.costs if choice else None, exact=exact, log=log)
     draft_ref, target_cfg = model_refs(
         target,
         draft,
@@ -199,4 +156,4 @@ def resolve(
         n_threads=n_threads,
         exact=exact,
     )
-    return Configuration(target_cfg, draft_ref, draft_window, choice, how)
+    return Configuration(target_cfg, draft_ref, draft_window, choice, how, costs)

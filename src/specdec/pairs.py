@@ -81,6 +81,37 @@ def is_planned(ref: object) -> bool:
     return isinstance(ref, str) and _named(ref, PLANNED)
 
 
+def model_refs(
+    target: str,
+    draft: str | None,
+    *,
+    target_backend: str = DEFAULT_TARGET_BACKEND,
+    draft_backend: str = DEFAULT_DRAFT_BACKEND,
+    device: str = "auto",
+    dtype: str = "auto",
+    draft_device: str | None = None,
+    draft_dtype: str | None = None,
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+    exact: bool = False,
+) -> tuple[DraftRef, ModelConfig]:
+    """(draft reference, target config) from model references: a model-free drafter stays a
+    string ("none" for None), ``hybrid:MODEL`` becomes a ``HybridRef``, anything else a
+    draft model's ``ModelConfig`` (which never runs exact numerics: a draft only proposes)."""
+    target_cfg = ModelConfig(target, target_backend, device, dtype, n_ctx, n_threads, exact)
+    if draft is None or is_model_free(draft):
+        return draft or "none", target_cfg
+    model = ModelConfig(
+        draft.removeprefix(HYBRID_PREFIX),
+        draft_backend,
+        draft_device or device,
+        draft_dtype or dtype,
+        n_ctx,
+        n_threads,
+    )
+    return (HybridRef(model) if draft.startswith(HYBRID_PREFIX) else model), target_cfg
+
+
 def parse_drafter(ref: str) -> Drafter | None:
     """A model-free drafter from its reference (None for plain decoding)."""
     if ref in ("none", ""):

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from specdec.bounds import MAX_LIST, check_n_ctx, check_seed, check_threads
-from specdec.configuration import MACHINE_DEFAULT, model_refs
+from specdec.configuration import MACHINE_DEFAULT
 from specdec.errors import ConfigError
 from specdec.models.loader import BACKENDS, DEVICES, DTYPES, ModelConfig
 from specdec.pairs import (
@@ -18,6 +18,7 @@ from specdec.pairs import (
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
     DraftRef,
+    model_refs,
 )
 from specdec.sampling import SamplingConfig
 
@@ -178,7 +179,7 @@ def _model_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
-    """The named draft and target of the command line (``configuration.model_refs``), for
+    """The named draft and target of the command line (``pairs.model_refs``), for
     the commands that load exactly what they are told (certify)."""
     exact = bool(getattr(args, "exact", False))
     return model_refs(args.target, args.draft, **_model_options(args), exact=exact)
@@ -191,10 +192,11 @@ def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
     from specdec.api import load
 
     draft = draft_reference(args)
+    options = {**_model_options(args), **hints}  # hints: prompt_tokens, new_tokens
     pair = load(
         args.target,
         draft,
-        **{**_model_options(args), **hints},  # hints: prompt_tokens, new_tokens
+        **options,
         auto=args.auto,
         draft_window=args.draft_window,
         exact=args.exact,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.pairs import PLANNED_K, CostProvider, is_planned
+from specdec.pairs import PLANNED_K, is_planned
 from specdec.policy import FixedK, KPolicy, ProfileK
 from specdec.profiler.decide import Candidate
 from specdec.profiler.run import (
@@ -45,14 +45,6 @@ class AutoChoice:
     @property
     def speculative(self) -> bool:
         return self.draft_ref != "none" and self.k > 0
-
-    def costs_or(self, measure: CostProvider) -> CostProvider:
-        """Where a planned drafter gets the target's costs: this choice's when a profile
-        measured them, else ``measure``."""
-        if self.costs is None:
-            return measure
-        costs = self.costs
-        return lambda _cfg, _lm: costs
 
     def policy(self) -> KPolicy:
         """A fresh K policy for one generation. A planned drafter sizes its own drafts (the

@@ -16,6 +16,7 @@ from typing import Any
 
 from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig
+from specdec.pairs import CostProvider, is_planned
 from specdec.profiler import cache
 from specdec.profiler.measure import PROFILE_NS, target_costs
 from specdec.theory import Costs
@@ -63,3 +64,16 @@ def cached_target_costs(
     costs = target_costs(target, n_max=N_MAX, repeats=REPEATS)
     cache.save(key, {"costs": asdict(costs), "model": cfg.model})
     return costs
+
+
+def cost_provider(
+    draft: str | None, profiled: Costs | None, *, exact: bool, log: Log = lambda _: None
+) -> CostProvider | None:
+    """Where a planned drafter (``draft``) gets the target's costs: the profile's
+    (``profiled``) when it measured them and timed these numerics, else measured once on this
+    machine and cached (``log`` hears when they are measured); None for any other drafter."""
+    if not is_planned(draft):
+        return None
+    if profiled is not None and not exact:
+        return lambda _cfg, _target: profiled
+    return lambda cfg, target: cached_target_costs(cfg, target, log=log)
