@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,13 +164,21 @@ def test_sampled_tests_reject_a_shifted_sample_and_state_their_power() -> None:
 
 
 def test_rate_limiter_spaces_request_starts() -> None:
-    async def starts() -> float:
-        limiter = RateLimiter(20.0)
-        t0 = time.monotonic()
-        await asyncio.gather(*(limiter.wait() for _ in range(5)))
-        return time.monotonic() - t0
+    """Five starts at 20 per second on a frozen clock wait 0, 50, 100, 150, 200 ms (the
+    limiter's plan, read from the sleeps it asks for; no wall time involved)."""
+    waits: list[float] = []
 
-    assert asyncio.run(starts()) >= 0.19
+    async def record(seconds: float) -> None:
+        waits.append(seconds)
+
+    async def starts(rate: float | None) -> list[float]:
+        waits.clear()
+        limiter = RateLimiter(rate, clock=lambda: 100.0, sleep=record)
+        await asyncio.gather(*(limiter.wait() for _ in range(5)))
+        return sorted(waits)
+
+    assert asyncio.run(starts(20.0)) == pytest.approx([0.05, 0.10, 0.15, 0.20])
+    assert asyncio.run(starts(None)) == []  # no limit: nobody waits
 
 
 # -- the client against specdec serve -------------------------------------------------------------

@@ -15,7 +15,7 @@ import json
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
@@ -123,22 +123,31 @@ class Reply:
 
 
 class RateLimiter:
-    """At most ``rate`` request starts per second across all tasks sharing it."""
+    """At most ``rate`` request starts per second across all tasks sharing it (``clock`` and
+    ``sleep``: the monotonic clock and asyncio's sleep; tests pass their own)."""
 
-    def __init__(self, rate: float | None) -> None:
+    def __init__(
+        self,
+        rate: float | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self._interval = 1.0 / rate if rate else 0.0
         self._next = 0.0
         self._lock = asyncio.Lock()
+        self._clock = clock
+        self._sleep = sleep
 
     async def wait(self) -> None:
         if not self._interval:
             return
         async with self._lock:
-            now = time.monotonic()
+            now = self._clock()
             start = max(now, self._next)
             self._next = start + self._interval
         if start > now:
-            await asyncio.sleep(start - now)
+            await self._sleep(start - now)
 
 
 class _Retry(Exception):
