@@ -134,3 +134,27 @@ def test_a_profiled_planned_choice_uses_the_profiles_costs(
     assert main(["generate", *MOCK, "-n", "8", "abc abc abc abc"]) == 0
     err = capsys.readouterr().err
     assert "default: planned -> mock: profiled" in err and "measuring" not in err
+
+
+def test_the_cost_provider_uses_the_profiles_costs_only_for_the_numerics_it_timed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A planned drafter gets the profile's costs unless exact numerics run (the profile
+    timed the default kernels): then, as without a profile, the target's are measured."""
+    from specdec.models.loader import ModelConfig
+    from specdec.profiler import target_costs
+    from specdec.theory import Costs
+
+    profiled = Costs(verify_s=(1.0, 1.1), prefill_tps=1e3)
+    measured = Costs(verify_s=(2.0, 2.2), prefill_tps=5e2)
+    monkeypatch.setattr(target_costs, "cached_target_costs", lambda *a, **kw: measured)
+    cfg, lm = ModelConfig("mock:target"), object()
+
+    def provided(draft: str, profile: Costs | None, exact: bool) -> Costs | None:
+        provider = target_costs.cost_provider(draft, profile, exact=exact)
+        return None if provider is None else provider(cfg, lm)  # type: ignore[arg-type]
+
+    assert provided("planned", profiled, exact=False) is profiled
+    assert provided("planned", profiled, exact=True) is measured
+    assert provided("planned", None, exact=False) is measured
+    assert provided("ngram", profiled, exact=False) is None  # only a planned drafter asks
