@@ -23,6 +23,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> tuple[str, ...]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (sorted; empty where it does not)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("flags", "features")):
+                return tuple(sorted(set(line.split(":", 1)[1].split())))
+    except OSError:
+        pass
+    return ()
+
+
 def _mem_total_gib() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -23,6 +23,9 @@ _STRING, _ARRAY, _UINT32 = 8, 9, 4
 _MAX_COUNT = 1 << 24
 _INT_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 10: "Q", 11: "q"}
 _MAX_DIMS = 8
+# tables longer than this are checked but not kept (the largest released models have a few
+# thousand tensors; a crafted header could list millions)
+_MAX_TENSOR_INFOS = 1 << 16
 # what llama.cpp's load_hparams asserts on (GGML_ASSERT: the process aborts, exit 134, nothing
 # printed): llama-hparams.h LLAMA_MAX_LAYERS / LLAMA_MAX_EXPERTS, llama-model.cpp (0.3.36)
 LLAMA_MAX_LAYERS = 512
@@ -49,6 +52,16 @@ _MAX_INT_ARRAY = 1 << 16  # a per-layer array longer than this is only skipped
 
 
 @dataclass(frozen=True)
+class TensorInfo:
+    """One entry of the tensor table: name, extents (ne0 first, as ggml orders them) and ggml
+    type id."""
+
+    name: str
+    dims: tuple[int, ...]
+    ggml_type: int
+
+
+@dataclass(frozen=True)
 class GGUFHeader:
     """What :func:`check_gguf_header` learned: format version, counts and the data extent."""
 
@@ -67,6 +80,8 @@ class GGUFHeader:
     head_count_kv: int | None = None
     ints: dict[str, int] = field(default_factory=dict)  # every "{arch}.<name>" of _INT_KEYS
     rope_scaling_type: str | None = None
+    # the tensor table, in file order (empty when it has more than _MAX_TENSOR_INFOS entries)
+    tensors: tuple[TensorInfo, ...] = ()
 
     def meta(self, name: str) -> int | None:
         """The integer metadata "{arch}.<name>" (the largest entry of a per-layer array)."""
@@ -213,6 +228,7 @@ def _parse_gguf(buf: mmap.mmap) -> GGUFHeader:
         raise _BadHeader(f"bad alignment {alignment}")
     extents = []
     blocks: set[int] = set()
+    tensors: list[TensorInfo] = []
     for _ in range(n_tensors):
         name = cur.string()
         if name.startswith(b"blk."):
@@ -225,6 +241,8 @@ def _parse_gguf(buf: mmap.mmap) -> GGUFHeader:
         dims = [cur.u64() for _ in range(n_dims)]
         ggml_type, offset = cur.u32(), cur.u64()
         extents.append(offset + _tensor_nbytes(dims, ggml_type))
+        if n_tensors <= _MAX_TENSOR_INFOS:
+            tensors.append(TensorInfo(name.decode("utf-8", "replace"), tuple(dims), ggml_type))
     data_start = -(-cur.pos // alignment) * alignment
     data_end = data_start + max(extents, default=0)
 
@@ -247,6 +265,7 @@ def _parse_gguf(buf: mmap.mmap) -> GGUFHeader:
         head_count_kv=meta("attention.head_count_kv"),
         ints={k: v for k in _INT_KEYS if (v := meta(k)) is not None},
         rope_scaling_type=strings.get(f"{arch}.rope.scaling.type"),
+        tensors=tuple(tensors),
     )
 
 
