@@ -303,7 +303,7 @@ def llama_cpp_server(
     cmd = [
         sys.executable,
         "-m",
-        "llama_cpp.server",
+        "specdec.models.llama_server_guard",  # llama_cpp.server behind the kernel check
         "--model",
         str(model),
         "--host",

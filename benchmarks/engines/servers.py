@@ -232,7 +232,7 @@ def llama_cpp_python(
     argv = [
         sys.executable,
         "-m",
-        "llama_cpp.server",
+        "specdec.models.llama_server_guard",  # llama_cpp.server behind the kernel check
         "--model",
         model_path(model),
         "--host",

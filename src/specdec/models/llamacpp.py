@@ -7,11 +7,15 @@ removes cache positions with ``memory_seq_rm``: exact, no re-evaluation.
 
 Speed levers (keyword options, all off by default so the defaults behave as before):
 
-* ``repack=False`` loads the weights without llama.cpp's CPU repack buffers
-  (``llama_model_params.use_extra_bufts``, what llama-cli's ``--no-repack`` sets). ``Llama()``
-  does not expose the field, so the load runs with ``llama_model_default_params`` wrapped to
-  clear it (under a lock, restored right after); the field the model was loaded with is
-  checked afterwards.
+* ``repack=False`` loads the weights without llama.cpp's extra CPU buffer types (repacked
+  weights, AMX, ...: ``llama_model_params.use_extra_bufts``, what llama-cli's ``--no-repack``
+  sets; ``models.llama_params`` sets fields ``Llama()`` does not expose); the field the model
+  was loaded with is checked afterwards. With repack on (the default), the build's extra
+  buffer types are first checked on this machine in child processes (``models.kernel_check``,
+  once per machine, build and weight types); one that crashes or computes wrong numbers is
+  left out, per tensor where that suffices.
+* No chat template from the file is compiled at load (``models.llama_params``): specdec
+  renders templates itself, bounded (``specdec.templates``).
 * ``n_ubatch`` / ``n_threads_batch``: llama.cpp's physical batch and the threads used for
   passes over more than one token.
 * ``exact=True``: every logits row is bit-identical whatever the number of tokens in its pass,
@@ -39,10 +43,8 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
 from __future__ import annotations
 
 import os
-import threading
 import weakref
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +53,15 @@ import torch
 
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.base import check_extend_args, check_truncate_args
+from specdec.models.ggml_bufts import Choice
+from specdec.models.kernel_check import (
+    CheckSettings,
+    KernelVerdict,
+    Log,
+    kernel_verdict,
+    stderr_log,
+)
+from specdec.models.llama_params import has_param_field, load_llama
 
 if TYPE_CHECKING:
     from specdec.hub.gguf import GGUFHeader
@@ -62,11 +73,6 @@ DEFAULT_N_BATCH = 128
 # KV cache element types the backend offers, by name -> ggml's type id (enum ggml_type)
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
 
-# Serialises loads that temporarily wrap llama_model_default_params (see _model_params_set).
-# Code outside this module that builds a Llama() on another thread during such a load would
-# see the wrapped function too; specdec itself loads models from one thread.
-_PARAMS_LOCK = threading.Lock()
-
 
 def _import_llama() -> Any:
     try:
@@ -76,36 +82,6 @@ def _import_llama() -> Any:
             "the llama.cpp backend needs llama-cpp-python: pip install 'specdec[llamacpp]'"
         ) from e
     return llama_cpp
-
-
-def _has_param_field(llama_cpp: Any, name: str) -> bool:
-    fields = getattr(llama_cpp.llama_cpp.llama_model_params, "_fields_", [])
-    return any(f[0] == name for f in fields)
-
-
-@contextmanager
-def _model_params_set(llama_cpp: Any, **fields: Any) -> Iterator[None]:
-    """While active, ``llama_model_default_params()`` as called by ``Llama.__init__`` (which
-    looks it up in ``llama_cpp.llama_cpp`` at call time) returns params with ``fields`` set.
-    Nothing is changed when fields is empty."""
-    if not fields:
-        yield
-        return
-    low = llama_cpp.llama_cpp
-    with _PARAMS_LOCK:
-        original = low.llama_model_default_params
-
-        def with_fields() -> Any:
-            params = original()
-            for name, value in fields.items():
-                setattr(params, name, value)
-            return params
-
-        low.llama_model_default_params = with_fields
-        try:
-            yield
-        finally:
-            low.llama_model_default_params = original
 
 
 # ggml reads this once per process, at its first K-quant matrix product
@@ -257,11 +233,16 @@ class LlamaCppLM:
         type_v: str = "f16",
         exact: bool = False,
         verbose: bool = False,
+        check_kernels: bool = True,
+        log: Log = stderr_log,
     ) -> None:
         """n_ubatch defaults to n_batch, n_threads_batch to n_threads (both as before these
         options existed), verbose shows llama.cpp's load log; pad_min defaults to
-        ``default_pad_min(pad_to)``. repack defaults to on (off with ``exact``). See the
-        module docstring for repack, padding and exact numerics."""
+        ``default_pad_min(pad_to)``. repack defaults to on (off with ``exact``). With repack
+        on, the build's optional kernels are checked on this machine first
+        (``models.kernel_check``, cached; ``log`` hears what it turns off) unless
+        ``check_kernels`` is False. See the module docstring for repack, padding and exact
+        numerics."""
         from specdec.hub.gguf import check_gguf_header
 
         if exact:
@@ -292,41 +273,55 @@ class LlamaCppLM:
         elif pad_min is not None:
             raise ConfigError("pad_min needs pad_to")
         path = Path(path)
-        check_context(path, check_gguf_header(path), n_ctx)
+        header = check_gguf_header(path)
+        check_context(path, header, n_ctx)
         llama_cpp = _import_llama()
-        if not repack and not _has_param_field(llama_cpp, "use_extra_bufts"):
-            raise ConfigError(
-                "repack=False needs a newer llama-cpp-python: this one's "
-                "llama_model_params has no use_extra_bufts field"
-            )
         for label, kv in (("type_k", type_k), ("type_v", type_v)):
             if kv not in KV_TYPES:
                 raise ConfigError(f"{label} must be one of {', '.join(KV_TYPES)}, got {kv!r}")
         threads = n_threads or max(1, os.cpu_count() or 1)
-        overrides = {} if repack else {"use_extra_bufts": False}
-        try:
-            with _model_params_set(llama_cpp, **overrides):
-                self.llm = llama_cpp.Llama(
-                    model_path=str(path),
-                    n_ctx=n_ctx,
-                    n_batch=batch,
-                    n_ubatch=ubatch,
-                    n_threads=threads,
-                    n_threads_batch=n_threads_batch or threads,
-                    logits_all=False,
-                    # offload every layer unless the CPU was asked for (a CPU build ignores it)
-                    n_gpu_layers=0 if device == "cpu" else -1,
-                    flash_attn=flash_attn,
-                    type_k=KV_TYPES[type_k],
-                    type_v=KV_TYPES[type_v],
-                    verbose=verbose,
+        self.kernels: KernelVerdict | None = None
+        choice = Choice(extras=False)
+        if repack:
+            if check_kernels:
+                self.kernels = kernel_verdict(
+                    path, header, CheckSettings(n_threads=threads), log=log, device=device
                 )
+                choice = Choice.parse(self.kernels.choice)
+            else:
+                choice = Choice()
+        if not choice.extras and not has_param_field(llama_cpp, "use_extra_bufts"):
+            raise ConfigError(
+                "loading without llama.cpp's extra buffer types needs a newer "
+                "llama-cpp-python: this one's llama_model_params has no use_extra_bufts field"
+            )
+        try:
+            self.llm = load_llama(
+                llama_cpp,
+                path,
+                choice,
+                n_ctx=n_ctx,
+                n_batch=batch,
+                n_ubatch=ubatch,
+                n_threads=threads,
+                n_threads_batch=n_threads_batch or threads,
+                logits_all=False,
+                # offload every layer unless the CPU was asked for (a CPU build ignores it)
+                n_gpu_layers=0 if device == "cpu" else -1,
+                flash_attn=flash_attn,
+                type_k=KV_TYPES[type_k],
+                type_v=KV_TYPES[type_v],
+                verbose=verbose,
+            )
+        except ModelLoadError:
+            raise
         except Exception as e:  # llama-cpp-python raises ValueError/RuntimeError
             raise ModelLoadError(f"llama.cpp could not load {path}: {e}") from e
-        if _has_param_field(llama_cpp, "use_extra_bufts"):
+        if has_param_field(llama_cpp, "use_extra_bufts"):
             loaded = bool(self.llm.model_params.use_extra_bufts)
-            assert loaded == repack, "use_extra_bufts did not reach the model params"
-        self.repack = repack
+            assert loaded == choice.extras, "use_extra_bufts did not reach the model params"
+        self.kernel_choice = choice
+        self.repack = choice.extras
         self.flash_attn = flash_attn
         self.type_k, self.type_v = type_k, type_v
         self.exact = exact
