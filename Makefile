@@ -8,16 +8,31 @@ SPECDEC := $(VENV)/bin/specdec
 
 .PHONY: install demo test test-slow test-all lint models-test lowest-transformers
 
+# llama-cpp-python is built from source for this machine by src/specdec/build_flags.py (it
+# prints what it passes and why): the native build (-march=native), except on CPUs with AMX
+# when the compiler is GCC < 13, whose AMX kernels crash at the first decode; there it names
+# the CPU's instruction sets one by one and leaves AMX out (CPU_REPACK kept). The wheel is
+# built with pip's cache off into .whl/llama-<key> (key: version, flags, compiler), so a
+# changed flag set is never answered with a cached old build; LLAMA_KEY changes with them.
+LLAMA_KEY := $(shell $(PYTHON) src/specdec/build_flags.py --key)
+
 # torch is pinned to the CPU build that lies on this kind of machine's disk; the package itself
 # only asks for a range, so GPU users keep their CUDA torch.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
+	$(PYTHON) src/specdec/build_flags.py --install $(PY)
 	$(PY) -m pip install -e '.[llamacpp,dev,serve]'
 	touch $@
 
-install: $(VENV)/.installed
+# the flag set changed (another machine, another compiler): rebuild llama-cpp-python only
+$(VENV)/.llama-$(LLAMA_KEY): src/specdec/build_flags.py | $(VENV)/.installed
+	$(PYTHON) src/specdec/build_flags.py --install $(PY)
+	rm -f $(VENV)/.llama-*
+	touch $@
+
+install: $(VENV)/.installed $(VENV)/.llama-$(LLAMA_KEY)
 
 demo: install
 	$(SPECDEC) demo

@@ -1,0 +1,194 @@
+"""How `make install` builds llama-cpp-python on this machine, and why (standard library only:
+it runs before the virtual environment exists).
+
+llama-cpp-python builds llama.cpp from source with ``-march=native`` (``GGML_NATIVE=ON``), so
+the build compiles every kernel the CPU advertises. One combination is known to be broken:
+**AMX kernels built by GCC older than 13**. On Intel Xeons with AMX (Sapphire Rapids and
+later: every current Xeon cloud instance), llama-cpp-python 0.3.36 built by GCC 12.2 dies at
+the first decode in ``ggml_backend_amx_mul_mat`` (SIGSEGV; SIGILL with one OpenMP thread;
+llama.cpp issue 20824, ollama issue 17006; ollama traced its AMX crashes to GCC 11/12 code
+generation and fixed them by building with GCC 13). For that combination the build names the
+CPU's instruction sets one by one instead of ``-march=native`` and leaves AMX out; the
+repacked kernels (CPU_REPACK, most of the speed on AVX-512) are kept. Everywhere else it is
+the native build, as pip would make it.
+
+pip caches a wheel built from source by the source archive alone, not by ``CMAKE_ARGS``, so a
+cached native build would be handed back for a changed flag set. The wheel is therefore built
+with pip's cache off into ``.whl/llama-<key>/``, where the key covers the package version, the
+flags and the compiler, and installed from there; a later install with the same key reuses it.
+
+    python src/specdec/build_flags.py --explain          # what would be built, and why
+    python src/specdec/build_flags.py --install VENV_PY  # build (or reuse) and install it
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PACKAGE = "llama-cpp-python==0.3.36"  # the version specdec is tested and measured with
+FIRST_GOOD_GCC = 13
+# /proc/cpuinfo flag(s) -> the GGML option that compiles for them (ggml/CMakeLists.txt)
+ISA_OPTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("avx",), "GGML_AVX"),
+    (("avx2",), "GGML_AVX2"),
+    (("fma",), "GGML_FMA"),
+    (("f16c",), "GGML_F16C"),
+    (("bmi2",), "GGML_BMI2"),
+    (("avx_vnni",), "GGML_AVX_VNNI"),
+    # GGML_AVX512 compiles with -mavx512f -mavx512cd -mavx512vl -mavx512dq -mavx512bw
+    (("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"), "GGML_AVX512"),
+    (("avx512vbmi",), "GGML_AVX512_VBMI"),
+    (("avx512_vnni",), "GGML_AVX512_VNNI"),
+    (("avx512_bf16",), "GGML_AVX512_BF16"),
+)
+AMX_OPTIONS = ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")
+RECORD = "llama-build.json"  # written into the virtual environment after an install
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """The CMAKE_ARGS for llama-cpp-python's build (empty: the native build) and why."""
+
+    cmake_args: tuple[str, ...]
+    reason: str
+    compiler: str
+    amx: bool  # the CPU advertises AMX
+
+    def key(self, package: str = PACKAGE) -> str:
+        blob = json.dumps([package, list(self.cmake_args), self.compiler], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def read_cpu_flags(cpuinfo: str) -> frozenset[str]:
+    for line in cpuinfo.splitlines():
+        if line.lower().startswith(("flags", "features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def compiler_version(cc: str | None = None) -> tuple[str, int | None]:
+    """(what the build's C compiler says it is, GCC's major version or None for another)."""
+    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    try:
+        out = subprocess.run(
+            [cc, "--version"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return f"{cc} (not runnable)", None
+    first = out.splitlines()[0].strip() if out.strip() else cc
+    if "clang" in out.lower():
+        return first, None
+    m = re.search(r"\b(\d+)\.\d+(\.\d+)?\b", first)
+    return first, int(m.group(1)) if m else None
+
+
+def plan_build(flags: frozenset[str], compiler: str, gcc_major: int | None) -> BuildPlan:
+    """The pure decision: the native build unless the CPU has AMX and GCC < 13 compiles it."""
+    amx = any(f.startswith("amx") for f in flags)
+    if not amx:
+        return BuildPlan((), "native build: this CPU has no AMX", compiler, amx)
+    if gcc_major is None or gcc_major >= FIRST_GOOD_GCC:
+        return BuildPlan(
+            (), "native build: AMX with a compiler not known to break it", compiler, amx
+        )
+    args = ["-DGGML_NATIVE=OFF"]
+    args += [f"-D{opt}={'ON' if set(need) <= flags else 'OFF'}" for need, opt in ISA_OPTIONS]
+    args += [f"-D{opt}=OFF" for opt in AMX_OPTIONS]
+    reason = (
+        f"this CPU has AMX and the compiler is GCC {gcc_major} (< {FIRST_GOOD_GCC}), whose AMX "
+        "kernels crash at the first decode: the CPU's instruction sets named one by one, AMX "
+        "left out, repacked kernels kept"
+    )
+    return BuildPlan(tuple(args), reason, compiler, amx)
+
+
+def this_machine() -> BuildPlan:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    compiler, major = compiler_version()
+    return plan_build(read_cpu_flags(cpuinfo), compiler, major)
+
+
+def explain(plan: BuildPlan) -> str:
+    args = " ".join(plan.cmake_args) or "(none: pip's default native build)"
+    return (
+        f"llama-cpp-python build: {plan.reason}\n  CMAKE_ARGS={args}\n  compiler: {plan.compiler}"
+    )
+
+
+def _prefix(python: str) -> Path:
+    out = subprocess.run(
+        [python, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return Path(out)
+
+
+def install(python: str, plan: BuildPlan, wheels: Path, package: str = PACKAGE) -> Path:
+    """Build (pip's cache off) or reuse the wheel for ``plan`` and install it into the
+    environment of ``python``, unless that environment already holds this build; record
+    what was installed beside it."""
+    record = _prefix(python) / RECORD
+    done = installed_record(str(record.parent))
+    importable = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True).returncode
+    if done is not None and done.get("key") == plan.key(package) and importable == 0:
+        print(f"llama-cpp-python: this build is installed already ({record})", flush=True)
+        return record
+    where = wheels / f"llama-{plan.key(package)}"
+    if not any(where.glob("llama_cpp_python-*.whl")):
+        where.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "CMAKE_ARGS": " ".join(plan.cmake_args)}
+        _run([python, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps", "-w", str(where),
+              package], env)  # fmt: skip
+    _run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", "--no-index",
+          "--find-links", str(where), package], dict(os.environ))  # fmt: skip
+    _run([python, "-m", "pip", "install", package], dict(os.environ))  # its dependencies
+    record.write_text(json.dumps({**asdict(plan), "package": package, "key": plan.key(package)}))
+    return record
+
+
+def _run(cmd: Sequence[str], env: dict[str, str]) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(list(cmd), env=env, check=True)
+
+
+def installed_record(prefix: str | None = None) -> dict[str, object] | None:
+    """What `make install` recorded in this environment (None where it did not run)."""
+    path = Path(prefix or sys.prefix) / RECORD
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="llama-cpp-python's build flags for this machine")
+    ap.add_argument("--explain", action="store_true", help="say what would be built and why")
+    ap.add_argument("--install", metavar="PYTHON", help="build or reuse, then install into it")
+    ap.add_argument("--key", action="store_true", help="print only the build's key")
+    ap.add_argument("--wheels", type=Path, default=Path(".whl"))
+    args = ap.parse_args(argv)
+    plan = this_machine()
+    if args.key:
+        print(plan.key())
+        return 0
+    print(explain(plan), flush=True)
+    if args.install:
+        install(args.install, plan, args.wheels)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""How `make install` builds llama-cpp-python (src/specdec/build_flags.py): the native build
+everywhere but the combination known to be broken (AMX kernels compiled by GCC < 13), whose
+flags name the CPU's instruction sets and leave AMX out, and a key that changes with them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from specdec.build_flags import (
+    AMX_OPTIONS,
+    BuildPlan,
+    plan_build,
+    read_cpu_flags,
+)
+
+SAPPHIRE_RAPIDS = frozenset(
+    [
+        "fpu",
+        "sse",
+        "sse2",
+        "ssse3",
+        "sse4_1",
+        "sse4_2",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "bmi1",
+        "bmi2",
+        "avx_vnni",
+        "avx512f",
+        "avx512cd",
+        "avx512vl",
+        "avx512dq",
+        "avx512bw",
+        "avx512vbmi",
+        "avx512_vnni",
+        "avx512_bf16",
+        "avx512_fp16",
+        "amx_tile",
+        "amx_int8",
+        "amx_bf16",
+    ]
+)
+EPYC = frozenset(SAPPHIRE_RAPIDS - {"amx_tile", "amx_int8", "amx_bf16"})
+
+
+def test_amx_with_gcc_12_names_the_instruction_sets_and_leaves_amx_out() -> None:
+    plan = plan_build(SAPPHIRE_RAPIDS, "gcc (Debian 12.2.0-14) 12.2.0", 12)
+    args = set(plan.cmake_args)
+    assert "-DGGML_NATIVE=OFF" in args
+    for opt in ("GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2", "GGML_AVX_VNNI"):
+        assert f"-D{opt}=ON" in args
+    for opt in ("GGML_AVX512", "GGML_AVX512_VBMI", "GGML_AVX512_VNNI", "GGML_AVX512_BF16"):
+        assert f"-D{opt}=ON" in args
+    assert all(f"-D{opt}=OFF" in args for opt in AMX_OPTIONS)
+    assert "GCC 12" in plan.reason and "AMX" in plan.reason
+
+
+def test_the_same_cpu_with_gcc_13_or_clang_and_a_cpu_without_amx_build_natively() -> None:
+    """The fixtures that must keep the native build."""
+    for compiler, major in (("gcc 13.2.0", 13), ("clang version 17", None)):
+        assert plan_build(SAPPHIRE_RAPIDS, compiler, major).cmake_args == ()
+    assert plan_build(EPYC, "gcc 12.2.0", 12).cmake_args == ()
+
+
+def test_an_instruction_set_the_cpu_lacks_is_off() -> None:
+    no_avx512 = frozenset(f for f in SAPPHIRE_RAPIDS if not f.startswith("avx512"))
+    args = plan_build(no_avx512, "gcc 11.4.0", 11).cmake_args
+    assert "-DGGML_AVX512=OFF" in args and "-DGGML_AVX2=ON" in args
+    partial = frozenset(SAPPHIRE_RAPIDS - {"avx512dq"})  # GGML_AVX512 needs all five
+    assert "-DGGML_AVX512=OFF" in plan_build(partial, "gcc 12", 12).cmake_args
+
+
+def test_the_key_changes_with_the_flags_the_compiler_and_the_version() -> None:
+    a = plan_build(SAPPHIRE_RAPIDS, "gcc 12.2.0", 12)
+    keys = {
+        a.key(),
+        plan_build(EPYC, "gcc 12.2.0", 12).key(),
+        BuildPlan(a.cmake_args, a.reason, "gcc 12.3.0", True).key(),
+        a.key("llama-cpp-python==0.3.37"),
+    }
+    assert len(keys) == 4
+
+
+def test_cpuinfo_flags_are_read_from_the_flags_line() -> None:
+    text = "processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx2 amx_tile\n\nprocessor\t: 1\n"
+    assert read_cpu_flags(text) == frozenset({"fpu", "avx2", "amx_tile"})
+    assert read_cpu_flags("") == frozenset()
+
+
+def test_the_script_runs_without_the_package_installed() -> None:
+    """`make install` runs it with the system Python before the virtual environment exists."""
+    script = Path(__file__).parents[1] / "src" / "specdec" / "build_flags.py"
+    done = subprocess.run(
+        [sys.executable, "-S", "-I", str(script), "--explain"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "llama-cpp-python build:" in done.stdout and "CMAKE_ARGS=" in done.stdout
+    key = subprocess.run(
+        [sys.executable, "-S", "-I", str(script), "--key"], capture_output=True, text=True
+    )
+    assert key.returncode == 0 and len(key.stdout.strip()) == 16
