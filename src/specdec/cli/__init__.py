@@ -44,6 +44,10 @@ COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
             "specdec.cli.serve",
             "serve the target over the OpenAI API with speculative decoding inside",
         ),
+        "doctor": (
+            "specdec.cli.doctor",
+            "this machine, its llama.cpp build, kernel checks and caches (for bug reports)",
+        ),
     }
 )
 
