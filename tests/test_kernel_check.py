@@ -218,3 +218,16 @@ def test_the_command_line_survives_a_crashing_kernel_and_says_so(
     lines = [ln for ln in done.stderr.splitlines() if "kernels failed a test pass" in ln]
     assert len(lines) == 1 and "AMX" in lines[0] and "SIGSEGV" in lines[0]
     assert "Traceback" not in done.stderr and done.stdout.strip()
+
+
+def test_the_build_line_says_which_kernels_ran() -> None:
+    from specdec.models.kernel_check import build_line
+
+    base = {"llama_cpp_python": "0.3.36", "make_install": None}
+    off = {"listed": ["AMX", "CPU_REPACK"], "choice": "avoid:AMX", "disabled": ["AMX"]}
+    kept = {"listed": ["CPU_REPACK"], "choice": "all", "disabled": []}
+    assert "AMX off" in build_line({**base, "kernels": off})
+    assert "all kept" in build_line({**base, "kernels": kept})
+    assert "no optional kernels" in build_line({**base, "kernels": None})
+    made = {**base, "make_install": {"reason": "native build: this CPU has no AMX"}}
+    assert "native build" in build_line({**made, "kernels": kept})

@@ -141,6 +141,10 @@ def render(result: Any) -> str:
         from specdec.profiler.exact_price import ExactPrice
 
         lines.append("  " + ExactPrice.from_dict(result.exact).sentence())
+    if result.build:
+        from specdec.models.kernel_check import build_line
+
+        lines.append("  " + build_line(result.build))
     return "\n".join(lines)
 
 

@@ -417,3 +417,39 @@ def kernel_verdict(
     if verdict.notice():
         log(verdict.notice() or "")
     return verdict
+
+
+def build_summary(verdict: KernelVerdict | None) -> dict[str, Any]:
+    """What a results file says about the llama.cpp build a model ran on: version, how
+    `make install` built it (None: another build), its system info, and the kernel check's
+    verdict for the model (None: no optional kernel was in play)."""
+    import llama_cpp
+
+    from specdec.build_flags import installed_record
+
+    return {
+        "llama_cpp_python": getattr(llama_cpp, "__version__", None),
+        "make_install": installed_record(),
+        "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
+        "kernels": None
+        if verdict is None
+        else {
+            "listed": list(verdict.listed),
+            "choice": verdict.choice,
+            "disabled": list(verdict.disabled),
+        },
+    }
+
+
+def build_line(summary: dict[str, Any]) -> str:
+    """One line of ``build_summary``: the build and which optional kernels ran."""
+    made = summary.get("make_install")
+    how = str(made.get("reason")) if isinstance(made, dict) else "not built by make install"
+    k = summary.get("kernels")
+    if not k:
+        kernels = "no optional kernels in use"
+    elif k["disabled"]:
+        kernels = f"optional kernels {', '.join(k['listed'])}: {', '.join(k['disabled'])} off"
+    else:
+        kernels = f"optional kernels {', '.join(k['listed']) or 'none'} all kept"
+    return f"llama.cpp {summary.get('llama_cpp_python')} ({how}); {kernels} (kernel check)"

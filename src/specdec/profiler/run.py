@@ -144,6 +144,7 @@ class ProfileResult:
     skipped_backends: dict[str, str] = field(default_factory=dict)  # backend -> why
     seconds: float = 0.0
     exact: dict[str, Any] = field(default_factory=dict)  # ExactPrice (llama.cpp targets)
+    build: dict[str, Any] = field(default_factory=dict)  # the llama.cpp target's build, kernels
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -396,6 +397,10 @@ def _measure(
     result.recommendation["draft_ref"] = refs[result.recommendation["candidate"]["drafter"]]
     result.draft_refs = refs
     path = getattr(targets.get("llamacpp"), "path", None)
+    if path is not None:
+        from specdec.models.kernel_check import build_summary
+
+        result.build = build_summary(getattr(targets["llamacpp"], "kernels", None))
     if path is not None:  # exact numerics: their price here, and whether they are the default
         log("profile: measuring the price of exact numerics (worker processes)")
         price = measure_exact_price(str(path), spec.n_threads)
