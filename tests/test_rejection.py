@@ -149,3 +149,38 @@ def test_monte_carlo_goodness_of_fit() -> None:
     assert len(MC_CASES) >= 20
     threshold = 0.01 / len(pvalues)
     assert min(pvalues) > threshold, (min(pvalues), threshold)
+
+
+def _scalar_walk(p: torch.Tensor, q: torch.Tensor | None, xs: torch.Tensor, rng) -> tuple:
+    """The walk as it was written before it worked on tensors: every row to float64, one
+    position at a time. The tensor walk must give the same outcome from the same draws."""
+    pp = p.numpy().astype(np.float64)
+    qq = None if q is None else q.numpy().astype(np.float64)
+    for i, x in enumerate(int(t) for t in xs):
+        q_x = 1.0 if qq is None else float(qq[i, x])
+        p_x = float(pp[i, x])
+        a = (1.0 if p_x > 0.0 else 0.0) if q_x <= 0.0 else min(1.0, p_x / q_x)
+        if rng.bernoulli(a):
+            continue
+        q_i = np.zeros_like(pp[i]) if qq is None else qq[i]
+        if qq is None:
+            q_i[x] = 1.0
+        return i, rng.categorical(residual_distribution(pp[i], q_i))
+    return len(xs), rng.categorical(pp[len(xs)])
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_the_tensor_walk_gives_the_scalar_walks_outcomes_seed_for_seed(one_hot: bool) -> None:
+    from specdec.rejection import TorchRandom
+
+    gen = torch.Generator().manual_seed(7)
+    for case in range(300):
+        k, v = int(torch.randint(0, 6, (1,), generator=gen)), 12
+        p = torch.softmax(torch.randn(k + 1, v, generator=gen) * 2, -1)
+        q = None if one_hot else torch.softmax(torch.randn(k, v, generator=gen) * 2, -1)
+        if q is not None and case % 5 == 0:
+            q[:, 3] = 0.0  # a draft of probability 0 under q
+        xs = torch.randint(0, v, (k,), generator=gen)
+        a = walk(p, q, xs, TorchRandom(make_generator(case)))
+        b = _scalar_walk(p, q, xs, TorchRandom(make_generator(case)))
+        assert a == b, (case, a, b)

@@ -9,7 +9,9 @@ Terminology (one verification round):
     target_probs   p_i(.), the target's rows at the same positions      [K + 1, V]
                    (row K is the distribution of the bonus token)
 
-Walk: for i = 1..K accept x_i when u_i < min(1, p_i(x_i) / q_i(x_i)); at the first rejection
+Walk: for i = 1..K accept x_i when u_i < min(1, p_i(x_i) / q_i(x_i)) (the K ratios are one
+tensor expression; the draws u_i are made in order, only as far as the walk goes); at the
+first rejection
 emit a token from the residual norm(max(0, p_i - q_i)) and stop; if all K are accepted, emit a
 bonus token from p_{K+1}. The emitted tokens are distributed exactly as if sampled from the
 target one at a time. Greedy decoding is the same walk with one-hot p and q.
@@ -65,11 +67,11 @@ class TorchRandom:
         return sample_from_cdf(np.cumsum(probs), probs, draw_uniform(self.generator))
 
 
-def acceptance_probability(p_x: float, q_x: float) -> float:
-    """min(1, p/q) for the drafted token; q = 0 (not a valid draft) accepts iff p > 0."""
-    if q_x <= 0.0:
-        return 1.0 if p_x > 0.0 else 0.0
-    return min(1.0, p_x / q_x)
+def acceptance_probabilities(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, p/q) for every drafted token at once: p_x, q_x [K] float64, the target's and the
+    drafter's probability of each draft; q = 0 (not a valid draft) accepts iff p > 0."""
+    ratio = (p_x / torch.where(q_x > 0.0, q_x, 1.0)).clamp(max=1.0)  # [K]
+    return torch.where(q_x > 0.0, ratio, (p_x > 0.0).to(p_x.dtype))  # [K]
 
 
 def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -100,28 +102,44 @@ def _check_shapes(
     return k
 
 
+def _row(probs: torch.Tensor) -> np.ndarray:
+    """One probability row [V] as float64 numpy (what the categorical draws use)."""
+    return probs.detach().cpu().numpy().astype(np.float64)
+
+
 def walk(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor | None,
     draft_tokens: torch.Tensor,
     rng: RandomSource,
 ) -> tuple[int, int]:
-    """The accept/reject walk on explicit randomness; returns (n_accepted, next_token)."""
+    """The accept/reject walk on explicit randomness; returns (n_accepted, next_token).
+
+    The acceptance test of all K drafts is one tensor expression over K gathered scalars;
+    only the row the walk ends on (the first rejected position's residual, or the bonus row)
+    is ever read whole. One Bernoulli draw per position reached, in order, so a seeded
+    generator gives the same outcome as a scalar walk would."""
     k = _check_shapes(target_probs, draft_probs, draft_tokens)
-    p = target_probs.detach().cpu().numpy().astype(np.float64)  # [K+1, V]
-    q = None if draft_probs is None else draft_probs.detach().cpu().numpy().astype(np.float64)
-    xs = [int(t) for t in draft_tokens]
-    for i, x in enumerate(xs):
-        q_x = 1.0 if q is None else float(q[i, x])
-        if rng.bernoulli(acceptance_probability(float(p[i, x]), q_x)):
+    xs = draft_tokens.detach().cpu().long()  # [K]
+    at = torch.arange(k)
+    p_x = target_probs.detach().cpu()[at, xs].double()  # [K]
+    q_x = (
+        torch.ones(k, dtype=torch.float64)
+        if draft_probs is None
+        else (draft_probs.detach().cpu()[at, xs].double())
+    )  # [K]
+    accept = acceptance_probabilities(p_x, q_x).tolist()  # [K]
+    for i in range(k):
+        if rng.bernoulli(accept[i]):
             continue
-        if q is None:
-            q_i = np.zeros_like(p[i])
-            q_i[x] = 1.0
+        p_i = _row(target_probs[i])  # [V]
+        if draft_probs is None:
+            q_i = np.zeros_like(p_i)
+            q_i[int(xs[i])] = 1.0  # the one-hot row of a drafter without probabilities
         else:
-            q_i = q[i]
-        return i, rng.categorical(residual_distribution(p[i], q_i))
-    return k, rng.categorical(p[k])
+            q_i = _row(draft_probs[i])
+        return i, rng.categorical(residual_distribution(p_i, q_i))
+    return k, rng.categorical(_row(target_probs[k]))
 
 
 def accept_reject(

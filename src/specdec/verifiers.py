@@ -42,17 +42,13 @@ class Verifier(Protocol):
         q: torch.Tensor | None,
         drafts: torch.Tensor,
         generator: torch.Generator,
+        /,
     ) -> tuple[int, int]: ...
 
 
-def rejection_verifier(
-    p: torch.Tensor,  # [K+1, V] target rows
-    q: torch.Tensor | None,  # [K, V] draft rows, or None (one-hot drafts)
-    drafts: torch.Tensor,  # [K] long
-    generator: torch.Generator,
-) -> tuple[int, int]:
-    """The lossless accept/reject walk (``rejection.accept_reject``)."""
-    return accept_reject(p, q, drafts, generator)
+# The lossless accept/reject walk itself: (p [K+1, V], q [K, V] | None, drafts [K],
+# generator) -> (n_kept, next_token) (``rejection.accept_reject``, no hop in between).
+rejection_verifier: Verifier = accept_reject
 
 
 def greedy_verify(logits: torch.Tensor, drafts: Sequence[int]) -> tuple[int, int]:

@@ -54,9 +54,9 @@ def _residual_is_p(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return p / float(p.sum())
 
 
-def _always_accept(p_x: float, q_x: float) -> float:
+def _always_accept(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
     """Bug: every draft token is accepted."""
-    return 1.0
+    return torch.ones_like(p_x)
 
 
 class _RoundClock:
@@ -79,7 +79,7 @@ def _residual_is_p_after_first_round(p: np.ndarray, q: np.ndarray) -> np.ndarray
 FAULTS: Mapping[str, tuple[str, Callable[..., Any]]] = MappingProxyType(
     {
         "residual-is-p": ("residual_distribution", _residual_is_p),
-        "always-accept": ("acceptance_probability", _always_accept),
+        "always-accept": ("acceptance_probabilities", _always_accept),
         "residual-is-p-after-first-round": (
             "residual_distribution",
             _residual_is_p_after_first_round,
