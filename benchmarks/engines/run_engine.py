@@ -80,9 +80,11 @@ def spec_for(
     model: str = S.TARGET,
     batch_threads: bool = True,
     threads: int | None = None,
+    fix: bool = False,
+    small: bool = False,
 ) -> S.ServerSpec:
     if engine == "vllm":
-        return S.vllm(mode, port, root=root, cpus=cpus)
+        return S.vllm(mode, port, root=root, cpus=cpus, fix=fix, small=small)
     if engine == "llama-server":
         return S.llama_server(mode, port, root=root, cpus=cpus, slots=slots, model=model)
     if engine == "llama-cpp-python":
@@ -107,6 +109,21 @@ class Log:
     def load(self, when: str) -> None:
         up = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
         self.line(f"load {when}: {up}")
+
+    def machine(self) -> None:
+        """The CPU model, core count and flags (lscpu), and whether other work shares it."""
+        info = dict(
+            ln.split(":", 1)
+            for ln in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+            if ":" in ln
+        )
+        model, flags = info.get("Model name", "?").strip(), info.get("Flags", "?").strip()
+        self.line(f"machine: {model}, {os.cpu_count()} CPUs; flags: {flags}")
+
+    def servers(self, specs: Sequence[S.ServerSpec]) -> None:
+        for spec in specs:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items())
+            self.line(f"server {spec.name}: {env} {' '.join(map(shlex.quote, spec.command()))}")
 
     def run(self, argv: Sequence[str]) -> int:
         self.line("$ " + " ".join(shlex.quote(a) for a in argv))
@@ -158,6 +175,19 @@ def main(argv: list[str] | None = None) -> int:
         help="certify: both servers on all cores (as a user starts them) instead of one each",
     )
     ap.add_argument(
+        "--vllm-fix",
+        action="store_true",
+        help="vllm: the spec-on server loads the plugin that fixes vLLM CPU's expand_kernel "
+        "fallback (benchmarks/engines/vllm/); the spec-off server runs vLLM as shipped, as "
+        "without the flag",
+    )
+    ap.add_argument(
+        "--vllm-small",
+        action="store_true",
+        help="vllm: the 0.5B model as the target on both sides (with draft: also its own "
+        "draft), for a machine without the memory for two servers of the 1.5B target",
+    )
+    ap.add_argument(
         "--threads",
         type=int,
         help="llama-cpp-python: --n_threads per server (default: one per core it runs on); "
@@ -183,14 +213,25 @@ def main(argv: list[str] | None = None) -> int:
         name += "-unpinned"
     if a.threads:
         name += f"-t{a.threads}"
+    if (a.vllm_fix or a.vllm_small) and a.engine != "vllm":
+        ap.error("--vllm-fix and --vllm-small are for the vllm engine")
+    if a.vllm_small:
+        name += "-small"
+    if a.vllm_fix:
+        name += "-fixed"
     log = Log(out / f"{name}.log")
     log.line(f"{a.engine} {a.mode} {a.step}: results in {out}")
+    log.machine()
     log.load("before")
     port = PORTS[a.engine]
     logs = Path(os.environ.get("SPECDEC_ENGINE_LOGS", "/tmp/specdec-engine-logs"))
     rc = 0
+    # the spec-off server never loads the fix: it is the reference, vLLM as shipped
+    off_opts = {"small": a.vllm_small} if a.engine == "vllm" else {}
+    on_opts = {**off_opts, "fix": a.vllm_fix} if a.engine == "vllm" else {}
     if a.step == "switch":
-        on = spec_for(a.engine, a.mode, port, a.root, "0-1", model=a.model)
+        on = spec_for(a.engine, a.mode, port, a.root, "0-1", model=a.model, **on_opts)
+        log.servers([on])
         with S.running([on], logs):
             rc = log.run(
                 [SPECDEC, "bench", "--endpoint", on.url, "--concurrency", "1",
@@ -198,14 +239,18 @@ def main(argv: list[str] | None = None) -> int:
                  "--out", str(out / f"{name}.jsonl"), "--overwrite"]
             )  # fmt: skip
     elif a.step == "probe":
-        on = spec_for(a.engine, a.mode, port, a.root, "0-1", model=a.model)
+        on = spec_for(a.engine, a.mode, port, a.root, "0-1", model=a.model, **on_opts)
+        log.servers([on])
         with S.running([on], logs):
             rc = log.run([sys.executable, str(HERE / "sampled_probe.py"), on.url])
     elif a.step == "bench":
         slots = 4 if a.engine == "llama-server" else 1
-        on = spec_for(a.engine, a.mode, port, a.root, "0-1", slots, a.model)
-        off = spec_for(a.engine, OFF_MODE[a.engine], port + 1, a.root, "0-1", slots, a.model)
+        on = spec_for(a.engine, a.mode, port, a.root, "0-1", slots, a.model, **on_opts)
+        off = spec_for(
+            a.engine, OFF_MODE[a.engine], port + 1, a.root, "0-1", slots, a.model, **off_opts
+        )
         results = out / f"{name}.jsonl"
+        log.servers([off, on])
         with S.running([off, on], logs):
             rc = log.run(
                 [SPECDEC, "bench", "--endpoint", on.url, "--endpoint-off", off.url,
@@ -218,9 +263,21 @@ def main(argv: list[str] | None = None) -> int:
         c_on, c_off = ("0-1", "0-1") if a.no_pin else ("0", "1")
         on, off = (
             spec_for(
-                a.engine, mode, p, a.root, c, model=a.model, batch_threads=bt, threads=a.threads
+                a.engine,
+                mode,
+                p,
+                a.root,
+                c,
+                model=a.model,
+                batch_threads=bt,
+                threads=a.threads,
+                fix=fix,
+                small=a.vllm_small,
             )
-            for mode, p, c in ((a.mode, port, c_on), (OFF_MODE[a.engine], port + 1, c_off))
+            for mode, p, c, fix in (
+                (a.mode, port, c_on, a.vllm_fix),
+                (OFF_MODE[a.engine], port + 1, c_off, False),
+            )
         )
         cert = out / name
         plan = ["--quick"]
@@ -230,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             plan = [*CERTIFY_BUDGET, "--max-minutes", a.plan.split(":", 1)[1]]
         if a.tie_gap is not None:
             plan += ["--tie-gap", str(a.tie_gap)]
+        log.servers([off, on])
         with S.running([off, on], logs):
             target = on.url
             proxy = None

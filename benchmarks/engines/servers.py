@@ -48,6 +48,10 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict)
     cpus: str | None = None  # taskset list, e.g. "0" or "0-1"
     start_timeout_s: float = 600.0
+    # a line the server must print while starting, and one it must not (checked on this
+    # start's part of the log once it answers): e.g. that a plugin was or was not loaded
+    log_has: str | None = None
+    log_lacks: str | None = None
 
     @property
     def url(self) -> str:
@@ -78,6 +82,7 @@ def start(spec: ServerSpec, log_dir: Path) -> Server:
     """Start the server in its own process group and wait until /v1/models answers."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{spec.name}.log"
+    offset = log.stat().st_size if log.exists() else 0
     with log.open("ab") as out:
         out.write(f"\n$ {' '.join(spec.command())}\n".encode())
         out.flush()
@@ -97,6 +102,7 @@ def start(spec: ServerSpec, log_dir: Path) -> Server:
         try:
             r = httpx.get(spec.url + "/v1/models", timeout=5, trust_env=False)
             if r.status_code == 200:
+                _check_log(server, offset)
                 return server
         except httpx.TransportError:
             pass
@@ -104,6 +110,21 @@ def start(spec: ServerSpec, log_dir: Path) -> Server:
             server.stop()
             raise RuntimeError(f"{spec.name} did not answer within {spec.start_timeout_s:.0f} s")
         time.sleep(2)
+
+
+def _check_log(server: Server, offset: int) -> None:
+    with server.log.open("rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    spec = server.spec
+    problem = None
+    if spec.log_has is not None and spec.log_has not in text:
+        problem = f"did not print {spec.log_has!r}"
+    elif spec.log_lacks is not None and spec.log_lacks in text:
+        problem = f"printed {spec.log_lacks!r}"
+    if problem:
+        server.stop()
+        raise RuntimeError(f"{spec.name} {problem} while starting (log: {server.log})")
 
 
 @contextmanager
@@ -123,19 +144,52 @@ def running(specs: Sequence[ServerSpec], log_dir: Path) -> Iterator[list[Server]
 # -- the engines -------------------------------------------------------------------------------
 
 
+# the vLLM general plugin in benchmarks/engines/vllm/plugin/ (setup_vllm.sh installs it): the
+# fix for vLLM CPU 0.32.0's expand_kernel fallback, which never writes its output
+VLLM_FIX_PLUGIN = "specdec_cpu_expand_fix"
+VLLM_FIX_MARKER = "specdec_cpu_expand_fix: replaced vllm.utils.cpu_triton_utils._expand_kernel_impl"
+
+
+def vllm_general_plugins(root: Path = DEFAULT_ROOT) -> list[str]:
+    """The ``vllm.general_plugins`` entry points installed in vLLM's environment."""
+    code = (
+        "from importlib.metadata import entry_points\n"
+        "print(','.join(e.name for e in entry_points(group='vllm.general_plugins')))"
+    )
+    out = subprocess.run(
+        [str(root / "vllm-venv/bin/python"), "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return [n for n in out.split(",") if n]
+
+
 def vllm(
-    mode: str, port: int, *, root: Path = DEFAULT_ROOT, cpus: str = "0-1", kv_gib: int = 1
+    mode: str,
+    port: int,
+    *,
+    root: Path = DEFAULT_ROOT,
+    cpus: str = "0-1",
+    kv_gib: int = 1,
+    fix: bool = False,
+    small: bool = False,
 ) -> ServerSpec:
     """vLLM CPU on the bf16 target: mode "off", "draft" (the 0.5B draft, K tokens) or "ngram"
-    (prompt lookup, K tokens). Per-request speculative counters in every response."""
+    (prompt lookup, K tokens). Per-request speculative counters in every response.
+
+    ``small``: the 0.5B model as the target, and with "draft" as its own draft (a spec-on and a
+    spec-off server of the 1.5B target take about 17.5 GB here; of the 0.5B, a fraction).
+
+    ``fix``: load the plugin that fixes the CPU expand_kernel fallback; otherwise vLLM runs as
+    shipped. Either way ``VLLM_PLUGINS`` lists the other installed general plugins, so the two
+    servers differ by that plugin alone, and the start is refused unless the log shows that
+    the plugin did (or did not) replace the fallback."""
     argv = [
         str(root / "vllm-venv/bin/python"),
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        str(root / "models/target-bf16"),
+        str(root / ("models/draft-bf16" if small else "models/target-bf16")),
         "--served-model-name",
-        "qwen2.5-coder-1.5b",
+        "qwen2.5-coder-0.5b" if small else "qwen2.5-coder-1.5b",
         "--host",
         "127.0.0.1",
         "--port",
@@ -161,8 +215,24 @@ def vllm(
         cfg["num_speculative_tokens"] = K
         argv += ["--speculative-config", json.dumps(cfg)]
         argv += ["--enable-per-request-metrics", "--per-request-spec-decode-metrics", "summary"]
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_gib), "VLLM_CPU_OMP_THREADS_BIND": cpus}
-    return ServerSpec(f"vllm-{mode}", argv, port, env=env, cpus=cpus)
+    plugins = vllm_general_plugins(root)
+    if fix and VLLM_FIX_PLUGIN not in plugins:
+        raise RuntimeError(f"{VLLM_FIX_PLUGIN} is not installed in {root}: run setup_vllm.sh")
+    chosen = [p for p in plugins if p != VLLM_FIX_PLUGIN] + ([VLLM_FIX_PLUGIN] if fix else [])
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": cpus,
+        "VLLM_PLUGINS": ",".join(chosen),
+    }
+    return ServerSpec(
+        f"vllm-{mode}" + ("-small" if small else "") + ("-fixed" if fix else ""),
+        argv,
+        port,
+        env=env,
+        cpus=cpus,
+        log_has=VLLM_FIX_MARKER if fix else None,
+        log_lacks=None if fix else VLLM_FIX_MARKER,
+    )
 
 
 def llama_server(

@@ -5,7 +5,10 @@
 #
 #   benchmarks/engines/setup_vllm.sh [ROOT]
 #
-# ROOT (default /tmp/specdec-engines) receives vllm-venv/ and models/{target,draft}-bf16/.
+# ROOT (default /tmp/specdec-engines) receives vllm-venv/ (with the fix in
+# benchmarks/engines/vllm/plugin/ installed: every server from it loads the fix unless
+# VLLM_PLUGINS leaves it out, as servers.py does for the unpatched control) and
+# models/{target,draft}-bf16/.
 # Environment: PYTHON (specdec's interpreter for the conversion, default .venv/bin/python),
 # VLLM_VERSION (default 0.32.0), TARGET / DRAFT (specdec model names).
 set -euo pipefail
@@ -27,6 +30,12 @@ if [ ! -x "$venv/bin/vllm" ]; then
     "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 "$venv/bin/python" -c 'import vllm; print("vllm", vllm.__version__)'
+# the fix for the CPU build's expand_kernel fallback, a vLLM general plugin (vllm/README.md)
+# (built from a copy, so that the build leaves nothing in the checkout)
+plugin="$(mktemp -d)"
+cp "$here"/benchmarks/engines/vllm/plugin/{pyproject.toml,specdec_vllm_cpu_fix.py} "$plugin/"
+"$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall "$plugin"
+rm -rf "$plugin"
 
 for pair in "target:$target" "draft:$draft"; do
     role="${pair%%:*}"
