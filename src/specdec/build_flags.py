@@ -39,6 +39,7 @@ PACKAGE = "llama-cpp-python==0.3.36"  # the version specdec is tested and measur
 FIRST_GOOD_GCC = 13
 # /proc/cpuinfo flag(s) -> the GGML option that compiles for them (ggml/CMakeLists.txt)
 ISA_OPTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("sse4_2",), "GGML_SSE42"),
     (("avx",), "GGML_AVX"),
     (("avx2",), "GGML_AVX2"),
     (("fma",), "GGML_FMA"),
