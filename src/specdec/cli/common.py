@@ -20,6 +20,7 @@ from specdec.pairs import (
     DraftRef,
     model_refs,
 )
+from specdec.printable import printable
 from specdec.sampling import SamplingConfig
 
 if TYPE_CHECKING:
@@ -200,12 +201,13 @@ def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
         auto=args.auto,
         draft_window=args.draft_window,
         exact=args.exact,
-        log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
+        log=lambda m: print(f"[specdec] {printable(m)}", file=sys.stderr),
     )
     config = pair.config
     assert config is not None
     if config.how:  # the profile or the machine default chose: say what and why
-        print(f"[specdec] {config.how}: {config.label}: {config.reason}", file=sys.stderr)
+        line = f"{config.how}: {config.label}: {config.reason}"
+        print(f"[specdec] {printable(line)}", file=sys.stderr)
     return pair
 
 

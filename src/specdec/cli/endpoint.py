@@ -11,6 +11,8 @@ import shlex
 import sys
 from typing import Any
 
+from specdec.printable import printable
+
 BENCH_OUT = "runs/bench-endpoint.jsonl"
 DEFAULT_CONCURRENCY = "1,2,4,8"
 QUICK_CONCURRENCY = "1,2"
@@ -242,7 +244,7 @@ def run_bench(args: argparse.Namespace) -> int:
     sides = make_sides(_config(args), args.endpoint_off, args.endpoint_off_model)
     out = args.out or BENCH_OUT
     if args.dry_run:
-        print(f"endpoint: {sides.describe()}")
+        print(f"endpoint: {printable(sides.describe())}")
         print(f"prompts: {len(plan.prompts)}; concurrency {', '.join(map(str, plan.concurrency))}")
         print(
             f"modes: {', '.join(plan.modes)}; {plan.max_new_tokens} tokens; "
@@ -252,7 +254,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     def log(msg: str) -> None:
         if not args.no_progress:
-            print(f"specdec bench: {msg}", file=sys.stderr, flush=True)
+            print(f"specdec bench: {printable(msg)}", file=sys.stderr, flush=True)
 
     outcome = asyncio.run(
         run_endpoint_bench(
@@ -267,7 +269,7 @@ def run_bench(args: argparse.Namespace) -> int:
         )
     )
     for note in outcome.notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(f"note: {printable(note)}", file=sys.stderr)
     print(
         f"{outcome.measured_groups} groups measured into {out}"
         + (f" ({outcome.skipped_groups} already there)" if outcome.skipped_groups else "")
@@ -360,7 +362,7 @@ def run_certify(args: argparse.Namespace) -> int:
     sides = make_sides(_config(args), args.endpoint_off, args.endpoint_off_model)
 
     def say(msg: str) -> None:
-        print(f"specdec certify: {msg}", file=sys.stderr, flush=True)
+        print(f"specdec certify: {printable(msg)}", file=sys.stderr, flush=True)
 
     cert = asyncio.run(
         run_endpoint_certify(
@@ -373,7 +375,7 @@ def run_certify(args: argparse.Namespace) -> int:
         )
     )
     j, m = write_certificate(cert, Path(args.out))
-    print(cert.verdict_line())
-    print(cert.power_line())
+    print(printable(cert.verdict_line()))
+    print(printable(cert.power_line()))
     print(f"wrote {m} and {j}")
     return 1 if cert.status == FAIL else 0
