@@ -51,7 +51,7 @@ from .invariance import InvarianceResult, batch_invariance
 from .pertoken import SequenceScore, plain_rows, replay_rows, score_sequence
 from .pit import PowerRow, UniformityResult, power_table, sequence_mean_interval, uniformity_test
 from .prefix_cache import PrefixReuseLM
-from .progress import ProgressLog
+from .progress import ProgressLog, revive
 from .seeds import derive_seed
 from .shape_matched import shape_matched_generate
 
@@ -307,6 +307,11 @@ def summarize_scores(
         replay_max_abs=max(replayed, default=0.0),
         n_replayed=len(replayed),
     )
+
+
+def _scores(value: list[dict[str, Any]]) -> list[SequenceScore]:
+    """Stored sequence scores, read back (``progress.revive``)."""
+    return [revive(SequenceScore, x) for x in value]
 
 
 # ------------------------------------------------------------------ level
@@ -622,10 +627,9 @@ def run_level3(
         t0 = time.perf_counter()
         for i, ids in enumerate(prompts[: cfg.greedy_prompts]):
             key = f"l3/greedy/{i}"
-            done = log.get(key) if log else None
-            if done is not None:
-                div = Divergence(**done["divergence"]) if done["divergence"] else None
-                res.greedy.append(GreedyPrompt(**{**done, "divergence": div}))
+            stored = log.read(key, lambda v: revive(GreedyPrompt, v)) if log else None
+            if stored is not None:
+                res.greedy.append(stored)
                 continue
             g = greedy_prompt(t, drafter(i), ids, cfg, res.tie_threshold, i)
             res.greedy.append(g)
@@ -647,31 +651,33 @@ def run_level3(
         for i, ids in enumerate(prompts[:n_prompts]):
             for c0 in range(0, cfg.seeds, cfg.chunk):
                 key = f"l3/pertoken/{i}/{c0}"
-                done = log.get(key) if log else None
-                if done is None:
-                    done = [
-                        score_sequence(
-                            t,
-                            drafter(i),
-                            order_model,
-                            ids,
-                            k=cfg.k,
-                            max_new_tokens=cfg.sample_tokens,
-                            sampling=cfg.sampling,
-                            seed=derive_seed(cfg.seed, "l3", "spec", i, s),
-                            pit_seed=derive_seed(cfg.seed, "l3", "pit", i, s),
-                            with_plain=s < cfg.n_plain,
-                        ).to_dict()
-                        for s in range(c0, min(cfg.seeds, c0 + cfg.chunk))
-                    ]
-                    if log:
-                        log.put(key, done)
-                    say(
-                        f"per-token prompt {i + 1}/{n_prompts}: "
-                        f"{c0 + len(done)}/{cfg.seeds} sequences "
-                        f"({time.perf_counter() - t0:.0f} s)"
-                    )
-                scores.extend(SequenceScore(**x) for x in done)
+                chunk = log.read(key, _scores) if log else None
+                if chunk is not None:
+                    scores.extend(chunk)
+                    continue
+                done = [
+                    score_sequence(
+                        t,
+                        drafter(i),
+                        order_model,
+                        ids,
+                        k=cfg.k,
+                        max_new_tokens=cfg.sample_tokens,
+                        sampling=cfg.sampling,
+                        seed=derive_seed(cfg.seed, "l3", "spec", i, s),
+                        pit_seed=derive_seed(cfg.seed, "l3", "pit", i, s),
+                        with_plain=s < cfg.n_plain,
+                    ).to_dict()
+                    for s in range(c0, min(cfg.seeds, c0 + cfg.chunk))
+                ]
+                if log:
+                    log.put(key, done)
+                say(
+                    f"per-token prompt {i + 1}/{n_prompts}: "
+                    f"{c0 + len(done)}/{cfg.seeds} sequences "
+                    f"({time.perf_counter() - t0:.0f} s)"
+                )
+                scores.extend(_scores(done))
         res.pertoken = summarize_scores(scores, cfg, order)
         res.seconds["pertoken"] = time.perf_counter() - t0
     return res

@@ -38,7 +38,7 @@ from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.stats import chisquare_gof
 
 from .common import FAIL, PASS, TestRecord, apply_holm, fmt
-from .progress import ProgressLog
+from .progress import ProgressLog, revive
 from .seeds import derive_seed
 
 WalkFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, RandomSource], tuple[int, int]]
@@ -63,6 +63,11 @@ def default_walk(
 ) -> tuple[int, int]:
     """``specdec.rejection.walk``, looked up at call time (so injected faults apply)."""
     return rejection.walk(p, q, drafts, rng)
+
+
+def _records(value: list[dict[str, object]]) -> list[TestRecord]:
+    """Stored test records, read back (``progress.revive``)."""
+    return [revive(TestRecord, d) for d in value]
 
 
 @dataclass(frozen=True)
@@ -352,9 +357,9 @@ def run_level1(
                 name = f"{kind}-V{cfg.exact_vocab}-K{k}-{i}"
                 case = make_case(gen, cfg.exact_vocab, k, kind, name)  # always drawn: stable
                 key = f"l1/exact/{name}"
-                done = log.get(key) if log else None
+                done = log.read(key, lambda v: revive(ExactCaseResult, v)) if log else None
                 if done is not None:
-                    res.exact.append(ExactCaseResult(**done))
+                    res.exact.append(done)
                     continue
                 r = exact_case(
                     walk_fn, case, cfg.exact_tol, cfg.max_fixed_drafts, derive_seed(cfg.seed, key)
@@ -371,9 +376,9 @@ def run_level1(
                     name = f"{kind}-V{vocab}-K{k}-{i}"
                     case = make_case(gen, vocab, k, kind, name)
                     key = f"l1/mc/{name}"
-                    done = log.get(key) if log else None
-                    if done is not None:
-                        raw.extend(TestRecord(**d) for d in done)
+                    stored = log.read(key, _records) if log else None
+                    if stored is not None:
+                        raw.extend(stored)
                         continue
                     recs = mc_case_tests(
                         walk_fn, case, cfg.mc_trials, cfg.mc_min_count, derive_seed(cfg.seed, key)

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from specdec.api import Completion, Pair
+from specdec.credentials import check_api_key
 from specdec.decoding import GenerationResult
 from specdec.errors import SpecdecError
 from specdec.models.base import CausalLM
@@ -79,6 +80,10 @@ class ServeConfig:
     api_key: str | None = None
     max_queue: int = 16
     max_body_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None:
+            check_api_key(self.api_key)  # a key no client could send is refused at start
 
 
 @dataclass
