@@ -62,7 +62,19 @@ def _add_common(p: argparse.ArgumentParser, *, default_api: str) -> argparse._Ar
         help="read the API key from the first line of FILE (kept out of the process list)",
     )
     g.add_argument(
-        "--timeout", type=float, default=120.0, metavar="S", help="seconds per request (120)"
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds a request may wait for the next bytes of its reply (120)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds the whole of one request may take (default: --timeout plus 1 s per "
+        "requested token); a reply slower than that is an error, not retried",
     )
     g.add_argument(
         "--retries",
@@ -182,6 +194,7 @@ def _config(args: argparse.Namespace) -> Any:
         api_key=read_api_key(args.api_key, args.api_key_file),
         api=args.endpoint_api,
         timeout_s=args.timeout,
+        request_timeout_s=args.request_timeout,
         retries=args.retries,
         max_rps=args.max_rps,
     )
