@@ -44,7 +44,7 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingConfig
-from specdec.stats import first_difference, softmax_tv_bound
+from specdec.stats import first_difference, softmax_tv_bound, worst
 
 from .common import FAIL, PASS, WARN, fmt
 from .invariance import InvarianceResult, batch_invariance
@@ -164,7 +164,10 @@ def classify_divergence(
     pt = plain_tokens[index] if index < len(plain_tokens) else None
     ab, as_ = int(torch.argmax(b)), int(torch.argmax(s))
     reproduced = ab == st and as_ == pt
-    tie = reproduced and max(gb, gs) <= tie_threshold
+    # both gaps, each on its own (max() drops a NaN that comes second), finite, and a finite
+    # threshold: a row with NaN or inf logits is a bug, not a near-tie
+    gaps_ok = all(math.isfinite(g) and g <= tie_threshold for g in (gb, gs))
+    tie = reproduced and gaps_ok and math.isfinite(tie_threshold)
     return Divergence(
         index=index,
         spec_token=st,
@@ -238,7 +241,7 @@ class PerTokenResult:
         """The run's passes do not match its output, or the replay does not reproduce them:
         the decoder fed the target something else than it claims (or the backend is not
         deterministic), so reference (a) is not the rows that produced the tokens."""
-        return self.inconsistent_sequences > 0 or self.replay_max_abs > 0
+        return self.inconsistent_sequences > 0 or self.replay_max_abs != 0  # NaN: broken
 
     @property
     def decoder_rejected(self) -> bool:
@@ -304,7 +307,7 @@ def summarize_scores(
         order=order,
         mean_tokens_per_round=float(u_a.shape[0] / rounds) if rounds else math.nan,
         inconsistent_sequences=sum(not s.consistent for s in scores),
-        replay_max_abs=max(replayed, default=0.0),
+        replay_max_abs=worst(replayed),
         n_replayed=len(replayed),
     )
 
@@ -347,7 +350,7 @@ class Level3Result:
 
     @property
     def rollback_broken(self) -> bool:
-        return self.probe is not None and self.probe.rollback_max_abs > 0
+        return self.probe is not None and self.probe.rollback_max_abs != 0  # NaN: broken
 
     @property
     def tie_threshold(self) -> float:
