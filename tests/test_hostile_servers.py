@@ -74,7 +74,7 @@ def certify(url: str, tmp: Path, *extra: str) -> list[str]:
 
 
 PER_TOKEN = ["--sampled-prompts", "1", "--samples", "2", "--sample-tokens", "2"]
-SLOW = ["--request-timeout", "1"]  # the slow modes: the whole of a request within 1 s
+SLOW = ["--request-timeout", "0.5"]  # the slow modes: the whole of a request within 0.5 s
 COMPLETIONS = "/v1/completions (spec-on, logprobs probe)"
 CHAT_PROBE = "/v1/chat/completions (spec-on, switch probe)"
 WRONG = "answered a reply of the wrong shape: "
@@ -133,11 +133,11 @@ ROWS: list[tuple[str, str, list[str], list[str]]] = [
     ),
     # item 3: replies that never end, or are too large
     ("data forever, fast", "bench", [], [CHAT_PROBE, "streamed more than", "bound of this"]),
-    ("data forever, slow", "bench", SLOW, [CHAT_PROBE, "did not finish its reply within 1 s"]),
+    ("data forever, slow", "bench", SLOW, [CHAT_PROBE, "did not finish its reply within 0.5 s"]),
     ("comments forever", "bench", [], [CHAT_PROBE, "streamed more than"]),
     ("comments forever, slow", "bench", SLOW, [CHAT_PROBE, "did not finish its reply within"]),
     ("one line forever", "bench", [], [CHAT_PROBE, "streamed more than"]),
-    ("a byte a tick", "bench", SLOW, [CHAT_PROBE, "did not finish its reply within 1 s"]),
+    ("a byte a tick", "bench", SLOW, [CHAT_PROBE, "did not finish its reply within 0.5 s"]),
     ("a byte a tick", "certify", SLOW, ["(spec-on, switch probe) did not finish"]),
     ("a huge body", "bench", [], [CHAT_PROBE, "streamed more than"]),
     # item 4: server text on the terminal
