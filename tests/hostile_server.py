@@ -195,11 +195,13 @@ def hostile_app(
     barrier: int | None = None,
     barrier_prompt: str = "hello",
     state: ServerState | None = None,
+    model_id: str = "m",
 ) -> Any:
     """A Starlette app: the faithful fake, or broken as ``MODES[mode]`` says. ``hold_s``:
     every generation request waits that long; ``barrier``: a request whose prompt holds
     ``barrier_prompt`` waits until that many are in flight at once (at most BARRIER_S), so
-    that a client that cannot send them all shows (a probe's request does not wait)."""
+    that a client that cannot send them all shows (a probe's request does not wait);
+    ``model_id``: the one model it lists."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -213,7 +215,7 @@ def hostile_app(
         return json.dumps(obj).encode()  # NaN written as NaN (Python's JSON reads it)
 
     async def models(_: Request) -> Response:
-        data: Any = [{"id": "m", "object": "model"}]
+        data: Any = [{"id": model_id, "object": "model"}]
         if mode == "models data an object":
             data = {"id": "m"}
         elif mode == "model id a number":

@@ -249,3 +249,18 @@ def test_an_escaped_fake_pass_line_is_what_reaches_the_terminal(
     _, err = capsys.readouterr()
     assert rc == 2 and ESC_PASS not in err and "\\x1b[1;32m" in err
     assert os.linesep not in err.rstrip("\n")
+
+
+def test_a_model_name_with_escape_sequences_is_written_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The one model a server lists is its own name for it: the certificate's markdown
+    quoted it raw, so `cat certificate.md` ran its escape sequences (the bench report's
+    header: test_untrusted_files)."""
+    with running_app(hostile_app(None, model_id="\x1b[31mm")) as url:
+        rc = main(certify(url, tmp_path))
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "\x1b" not in out + err
+    text = (tmp_path / "c" / "certificate.md").read_text()
+    assert "\x1b" not in text and "`\\x1b[31mm`" in text
