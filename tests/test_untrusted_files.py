@@ -112,6 +112,22 @@ ROWS: list[tuple[str, Callable[[Path], list[str]], str]] = [
         lambda d: ["certify", "--levels", "1", "--exact", "--no-exact", "--out", str(d / "c")],
         "specdec: error: --exact and --no-exact contradict each other",
     ),
+    # what the client cannot do, or a tolerance that is no tolerance
+    (
+        "certify --concurrency 10^6",
+        lambda d: ["certify", "--endpoint", DEAD, "--concurrency", "1000000", "--quick"],
+        "specdec: error: concurrency must be in 1..4,096, got 1000000",
+    ),
+    (
+        "certify --tie-gap inf",
+        lambda d: ["certify", "--endpoint", DEAD, "--tie-gap", "inf", "--quick"],
+        "specdec: error: tie gap must be finite and >= 0, got inf",
+    ),
+    (
+        "certify --tie-gap nan",
+        lambda d: ["certify", "--endpoint", DEAD, "--tie-gap", "nan", "--quick"],
+        "specdec: error: tie gap must be finite",
+    ),
     # --resume with nothing to resume
     (
         "certify --resume, the directory missing",

@@ -30,7 +30,7 @@ from specdec.bench.plan import MAX_COUNT
 from specdec.bench.results import ResultsWriter, open_for_append
 from specdec.bounds import check_range, check_seed
 from specdec.credentials import redact_argv, redact_url
-from specdec.endpoint.capacity import ensure_open_files
+from specdec.endpoint.capacity import MAX_CONCURRENCY, ensure_open_files
 from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.counters import has_known_series, metrics_counters
 from specdec.endpoint.pairing import (
@@ -48,9 +48,6 @@ from specdec.prompt_sets import Prompt
 SCHEMA = "specdec-endpoint-bench/1"
 MODES = ("greedy", "sampled")
 SAMPLED_TEMPERATURE = 1.0
-
-
-MAX_CONCURRENCY = 4096  # clients at once
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ process that may open 1,024 files (a common default of ``ulimit -n``) cannot hol
 connections: without this check the run failed part-way with "Too many open files" from
 inside the HTTP client. The soft limit is raised to what the run needs when the hard limit
 allows it (an ordinary thing for a process to do); otherwise the run is refused with the
-numbers. ``bench.MAX_CONCURRENCY`` is the stated maximum of clients at once.
+numbers. ``MAX_CONCURRENCY`` is the stated maximum of requests in flight per server (bench's
+clients, certify's --concurrency).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from specdec.errors import ConfigError
 
 RESERVED_FDS = 64  # standard streams, the results file, the interpreter's own, a margin
+MAX_CONCURRENCY = 4096  # requests in flight at once per server, the stated maximum
 
 
 def ensure_open_files(connections: int, what: str) -> None:

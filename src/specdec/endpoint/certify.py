@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from specdec.bounds import check_scale
+from specdec.bounds import check_range, check_scale
+from specdec.endpoint.capacity import MAX_CONCURRENCY
 from specdec.endpoint.client import Reply
 from specdec.endpoint.pertoken import DEFAULT_TOP, PerTokenResult
 from specdec.errors import ConfigError
@@ -124,8 +125,9 @@ class EndpointCertifyPlan:
             raise ConfigError("the sampled tests need a temperature > 0")
         if not 0 < self.alpha < 0.5:
             raise ConfigError(f"alpha must be in (0, 0.5), got {self.alpha}")
-        if self.tie_gap < 0 or self.concurrency < 1:
-            raise ConfigError("tie gap must be >= 0 and concurrency >= 1")
+        if not (math.isfinite(self.tie_gap) and self.tie_gap >= 0):
+            raise ConfigError(f"tie gap must be finite and >= 0, got {self.tie_gap}")
+        check_range(self.concurrency, "concurrency", 1, MAX_CONCURRENCY)
         if not 1 <= self.top_logprobs <= 20:
             raise ConfigError(f"top logprobs must be in 1..20, got {self.top_logprobs}")
         if self.pertoken_top < 1:

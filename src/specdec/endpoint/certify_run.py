@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from specdec.certify.progress import ProgressLog, revive
+from specdec.endpoint.capacity import ensure_open_files
 from specdec.endpoint.certify import (
     FAIL,
     PASS,
@@ -584,7 +585,9 @@ async def run_endpoint_certify(
     when it runs out (``network_budget``), whatever the servers do: one EndpointError line."""
     pace = Pace(log=progress)
     notes: list[str] = []
-    on, off = open_clients(sides, random.Random(plan.seed), connections=plan.concurrency + 1)
+    connections = plan.concurrency + 1  # + a follow-up row or /tokenize outside the gates
+    ensure_open_files(2 * connections, f"--concurrency {plan.concurrency}")
+    on, off = open_clients(sides, random.Random(plan.seed), connections=connections)
     path = Path(out_dir) / PROGRESS_FILE if out_dir is not None else None
     try:
         async with asyncio.timeout(network_budget(plan)), on, off:  # None: no deadline
