@@ -327,3 +327,14 @@ async def _chain(head: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes
     yield head
     async for piece in rest:
         yield piece
+
+
+def all_modes_app() -> tuple[Any, dict[str, str]]:
+    """One app serving every mode at once, each under its own path (``/m3`` ...): (the app,
+    mode -> path). A base URL with the path is an ordinary endpoint URL to the client, so a
+    module of tests can share one server instead of starting one per row."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    paths = {mode: f"/m{i}" for i, mode in enumerate(MODES)}
+    return Starlette(routes=[Mount(p, app=hostile_app(m)) for m, p in paths.items()]), paths

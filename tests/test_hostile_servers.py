@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from endpoint_harness import running_app
-from hostile_server import ESC_PASS, MODES, hostile_app
+from hostile_server import ESC_PASS, MODES, all_modes_app, hostile_app
 from specdec.cli import main
 
 pytest.importorskip("starlette")
@@ -148,6 +148,14 @@ ROWS: list[tuple[str, str, list[str], list[str]]] = [
 ]
 
 
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, str]]:
+    """Every mode behind one server (mode -> its base URL)."""
+    app, paths = all_modes_app()
+    with running_app(app) as base:
+        yield {mode: base + path for mode, path in paths.items()}
+
+
 @pytest.mark.parametrize(
     ("mode", "command", "extra", "needles"),
     ROWS,
@@ -158,12 +166,13 @@ def test_a_hostile_server_is_one_clear_line(
     command: str,
     extra: list[str],
     needles: list[str],
+    servers: dict[str, str],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with running_app(hostile_app(mode)) as url:
-        argv = (bench if command == "bench" else certify)(url, tmp_path, *extra)
-        rc = main(argv)
+    url = servers[mode]
+    argv = (bench if command == "bench" else certify)(url, tmp_path, *extra)
+    rc = main(argv)
     out, err = capsys.readouterr()
     assert rc == 2, err
     line = one_clear_line(err, out, url, *needles)
