@@ -213,7 +213,7 @@ def server_message(body: bytes, reason: str) -> str:
     try:
         obj = wire.decode_json(body, "")
     except EndpointError:
-        return printable(body.decode("utf-8", errors="replace").strip(), 200) or reason
+        return printable(body.decode("utf-8", errors="replace").strip() or reason, 200)
     if isinstance(obj, dict):
         err = obj.get("error")
         if isinstance(err, dict) and err.get("message"):
@@ -223,7 +223,7 @@ def server_message(body: bytes, reason: str) -> str:
         for key in ("detail", "message"):
             if obj.get(key):
                 return printable(obj[key], 300)
-    return printable(body.decode("utf-8", errors="replace").strip(), 200) or reason
+    return printable(body.decode("utf-8", errors="replace").strip() or reason, 200)
 
 
 def _retry_after(r: httpx.Response) -> float | None:
