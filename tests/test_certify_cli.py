@@ -121,10 +121,12 @@ def test_user_errors_are_one_line_exit_2(
 
 
 def test_prompt_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """A JSONL prompt file in Spec-Bench format is accepted."""
+    """A JSONL prompt file in Spec-Bench format is accepted. (With its one prompt, two
+    sequences are scored against plain decoding: one gives no interval to bound its TV.)"""
     f = tmp_path / "p.jsonl"
     f.write_text('{"question_id": 1, "category": "qa", "turns": ["hello there"]}\n')
-    argv = ["certify", *L3, "--prompts", str(f), "--n-prompts", "1", "--out", str(tmp_path)]
+    argv = ["certify", *L3, "--prompts", str(f), "--n-prompts", "1", "--plain-seeds", "2"]
+    argv += ["--out", str(tmp_path)]
     assert main(argv) == 0
     doc = json.loads((tmp_path / "certificate.json").read_text())
     assert doc["prompts"].startswith("1 from")

@@ -106,4 +106,5 @@ def test_sequence_mean_interval() -> None:
     assert m == pytest.approx(0.02)
     half = 4.302652729911275 * 0.02 / math.sqrt(3)
     assert hi == pytest.approx(0.02 + half) and lo == 0.0
-    assert pit.sequence_mean_interval([0.1], 0.95) == (0.1, 0.1, 0.1)
+    m, lo, hi = pit.sequence_mean_interval([0.1], 0.95)  # one sequence: no interval
+    assert m == 0.1 and math.isnan(lo) and math.isnan(hi)

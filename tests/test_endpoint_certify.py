@@ -16,9 +16,10 @@ import pytest
 
 from endpoint_harness import TokenServerState, running_app, token_server_app
 from specdec.cli import main
-from specdec.endpoint.client import parse_prompt_logprobs, token_ids_of
+from specdec.endpoint.client import token_ids_of
 from specdec.endpoint.pace import Pace
 from specdec.endpoint.pertoken import pit_of_completion
+from specdec.endpoint.schema import ShapeError, logprobs, prompt_logprobs
 
 pytest.importorskip("starlette")
 
@@ -191,10 +192,15 @@ def test_pit_of_the_coarsened_row_is_uniform_under_the_null() -> None:
 def test_token_ids_and_prompt_logprobs_are_parsed() -> None:
     assert token_ids_of(["token_id:5", "token_id:12"]) == (5, 12)
     assert token_ids_of(["token_id:5", "hello"]) is None and token_ids_of(None) is None
-    rows = parse_prompt_logprobs([None, {"5": {"logprob": -0.1, "rank": 1, "decoded_token": "a"}}])
+    rows = prompt_logprobs(
+        [None, {"5": {"logprob": -0.1, "rank": 1, "decoded_token": "a"}}], "prompt_logprobs"
+    )
     assert rows == (None, {5: (-0.1, 1)})
-    assert parse_prompt_logprobs([{"x": {"logprob": 1}}]) is None
-    assert parse_prompt_logprobs("nope") is None
+    assert prompt_logprobs(None, "prompt_logprobs") is None
+    with pytest.raises(ShapeError, match=r"prompt_logprobs\[0\]\['x'\] is not a token id"):
+        prompt_logprobs([{"x": {"logprob": -1}}], "prompt_logprobs")
+    with pytest.raises(ShapeError, match="prompt_logprobs is a string"):
+        prompt_logprobs("nope", "prompt_logprobs")
 
 
 def test_a_much_slower_side_is_named() -> None:
@@ -237,7 +243,7 @@ def test_a_follow_up_row_classifies_a_divergence_at_a_drafted_token() -> None:
     """llama-server returns no row for tokens accepted from the draft: the spec-on gap then
     comes from a second request for that position's row (its absolute value counts)."""
     from specdec.endpoint.certify import compare_greedy
-    from specdec.endpoint.client import Reply, logprob_ids
+    from specdec.endpoint.client import Reply
 
     def reply(text: str, toks: list[str], rows: list[dict[str, float]]) -> Reply:
         return Reply(text, "length", 1.0, None, None, "none", 0, None, tuple(toks), tuple(rows))
@@ -251,5 +257,7 @@ def test_a_follow_up_row_classifies_a_divergence_at_a_drafted_token() -> None:
     assert tie.gap_on == pytest.approx(0.04) and tie.gap_off_source == "reported"
     far = compare_greedy("p", on, off, 0.1, follow_up=({"c": -0.1, "b": -2.0}, None))
     assert far.status == "differs"
-    assert logprob_ids({"content": [{"id": 5, "token": "a"}, {"id": 7, "token": "b"}]}) == (5, 7)
-    assert logprob_ids({"content": [{"token": "a"}]}) is None
+    ids = logprobs({"content": [{"id": 5, "token": "a"}, {"id": 7, "token": "b"}]}, "lp")
+    assert ids is not None and ids.ids == (5, 7)
+    no_ids = logprobs({"content": [{"token": "a"}]}, "lp")
+    assert no_ids is not None and no_ids.ids is None

@@ -584,3 +584,36 @@ def test_a_non_streaming_client_that_leaves_cancels_its_generation() -> None:
         assert slow.target.n_cached < 100  # stopped long before its 400 tokens
         r = post(base, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
         assert r.status_code == 200  # the model is free again
+
+
+def test_a_request_body_that_stalls_is_a_408_not_a_held_connection() -> None:
+    """A client that sends its headers and then trickles (or stops sending) its body held the
+    connection and its task forever: the body must arrive within ``max_seconds`` (30 s;
+    0.2 s here). Pure ASGI: the receive channel gives one chunk with more to come, then waits
+    forever; the 5 s guard fails the test on a hang."""
+    import asyncio
+
+    from specdec.serve.middleware import BodyLimit
+
+    sent: list[dict] = []
+    reached: list[bool] = []
+    chunks = [{"type": "http.request", "body": b'{"pro', "more_body": True}]
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        reached.append(True)
+
+    async def receive() -> dict:
+        if chunks:
+            return chunks.pop()
+        await asyncio.Event().wait()  # the rest never comes
+        raise AssertionError("unreachable")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    limit = BodyLimit(app, 1 << 20)
+    limit.max_seconds = 0.2
+    scope = {"type": "http", "method": "POST", "headers": [(b"content-length", b"100")]}
+    asyncio.run(asyncio.wait_for(limit(scope, receive, send), 5))
+    assert sent[0]["status"] == 408 and not reached
+    assert b"did not arrive within 0.2 s" in sent[1]["body"]

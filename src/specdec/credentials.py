@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 from specdec.errors import ConfigError
+from specdec.textfiles import read_bytes
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 SECRET_FLAGS = ("--api-key",)  # flags whose value is a secret
@@ -25,7 +25,8 @@ _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
 
 def read_api_key(key: str | None, key_file: str | None, *, env: str = API_KEY_ENV) -> str | None:
     """The API key: ``--api-key``, else ``--api-key-file``, else ``$env``, else None. A key
-    that is empty, or given both as a flag and as a file, is a ConfigError."""
+    that is empty, given both as a flag and as a file, or not fit for an HTTP header
+    (``check_api_key``) is a ConfigError."""
     if key is not None and key_file is not None:
         raise ConfigError("give --api-key or --api-key-file, not both")
     if key_file is not None:
@@ -39,19 +40,28 @@ def read_api_key(key: str | None, key_file: str | None, *, env: str = API_KEY_EN
     key = key.strip()
     if not key:
         raise ConfigError("--api-key is empty")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F or 0xD800 <= ord(c) <= 0xDFFF for c in key):
-        raise ConfigError("the API key holds control characters or bytes that are not UTF-8")
+    check_api_key(key)
     return key
 
 
+def check_api_key(key: str) -> None:
+    """A ConfigError unless ``key`` can travel in ``Authorization: Bearer KEY``: printable
+    ASCII only. A header is bytes, and neither side agrees on how to encode 'é' (the client
+    failed with UnicodeEncodeError, and a server given such a key started but no client could
+    authenticate). The message gives the position, never the key."""
+    for i, c in enumerate(key):
+        code = ord(c)
+        if code < 0x20 or code == 0x7F or 0xD800 <= code <= 0xDFFF:
+            raise ConfigError("the API key holds control characters or bytes that are not UTF-8")
+        if code > 0x7E:
+            raise ConfigError(
+                f"the API key holds a character that is not ASCII (character {i + 1} of "
+                f"{len(key)}): an HTTP header carries ASCII only, so no client could send it"
+            )
+
+
 def _first_line(path: str) -> str:
-    try:
-        with Path(path).open("rb") as f:
-            raw = f.read(_MAX_KEY_FILE + 1)
-    except OSError as e:
-        raise ConfigError(f"cannot read the API key file {path}: {e.strerror or e}") from e
-    if len(raw) > _MAX_KEY_FILE:
-        raise ConfigError(f"the API key file {path} is larger than {_MAX_KEY_FILE >> 10} KiB")
+    raw = read_bytes(path, "the API key file", _MAX_KEY_FILE)  # a FIFO: an error, not a wait
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -43,8 +43,11 @@ MIN_EXPECTED = 5.0
 # ------------------------------------------------------------------ multiple testing
 def holm_adjust(pvalues: Sequence[float]) -> np.ndarray:
     """Holm step-down adjusted p-values [m] (reject H_i at family-wise level alpha iff
-    adjusted_i <= alpha). Valid under any dependence between the tests."""
+    adjusted_i <= alpha). Valid under any dependence between the tests. A p-value that is
+    NaN (a test that could not be computed) counts as 0: rejected, never passed (NaN would
+    compare false with every level and so pass silently)."""
     p = np.asarray(pvalues, dtype=np.float64)  # [m]
+    p = np.where(np.isnan(p), 0.0, p)
     m = p.shape[0]
     if m == 0:
         return p.copy()
@@ -53,6 +56,17 @@ def holm_adjust(pvalues: Sequence[float]) -> np.ndarray:
     adjusted_sorted = np.minimum(np.maximum.accumulate(scaled), 1.0)
     out = np.empty(m)
     out[order] = adjusted_sorted
+    return out
+
+
+def worst(values: Sequence[float]) -> float:
+    """The largest of ``values`` (0 for none), NaN when any is NaN: an aggregate of errors
+    that must not lose one (Python's ``max`` drops a NaN that is not first)."""
+    out = 0.0
+    for v in values:
+        if math.isnan(v):
+            return math.nan
+        out = max(out, v)
     return out
 
 

@@ -2,32 +2,87 @@
 UTF-8, parsed as JSON without recursion errors; every failure one ConfigError line.
 
 ``--messages /dev/zero`` or ``--prompts /dev/zero`` used to read forever, and a JSON file of
-100,000 nested brackets raised RecursionError; here a file (or device, or pipe) is read up to
-its limit and no further, and JSON nested deeper than Python can parse is a user error.
+100,000 nested brackets raised RecursionError; here a file is read up to its limit and no
+further, and JSON nested deeper than ``jsonbound.MAX_DEPTH`` is a user error. A FIFO given as
+a file (``--api-key-file``, a resume file, ``--prompts``) blocked forever in ``open`` waiting
+for a writer: every file a user names goes through ``open_regular``, which refuses a FIFO, a
+device or a directory before it reads a byte (the name is checked, then opened without
+blocking and checked again, so a FIFO swapped in between cannot block either). Standard input
+is named ``-``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from specdec import jsonbound
 from specdec.errors import ConfigError
 
 MAX_TEXT_BYTES = 64 << 20  # a prompts or messages file; far more than any context window
 
 
 def _mib(n: int) -> str:
-    return f"{n / (1 << 20):g} MiB"
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n / (1 << 10):g} KiB"
+
+
+def kind_of(mode: int) -> str:
+    """What a file of ``stat`` mode ``mode`` is, in words ("a FIFO (named pipe)", ...)."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "neither a file nor a directory"
+
+
+def _not_regular(what: str, path: str | os.PathLike[str], mode: int) -> ConfigError:
+    return ConfigError(f"{what} {path} is not a regular file: it is {kind_of(mode)}")
+
+
+def open_regular(path: str | os.PathLike[str], what: str) -> BinaryIO:
+    """``path`` opened for reading, if it is a regular file (a link to one counts); a FIFO,
+    a device, a socket or a directory is a ConfigError raised before a byte is read, and
+    never a wait for a writer (see the module docstring)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError as e:
+        raise ConfigError(f"cannot read {what} {path}: not found") from e
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from e
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"cannot read {what} {path}: it is a directory")
+    if not stat.S_ISREG(mode):
+        raise _not_regular(what, path, mode)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from e
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # swapped for something else since the check above
+            raise _not_regular(what, path, mode)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_bytes(path: str | os.PathLike[str], what: str, limit: int = MAX_TEXT_BYTES) -> bytes:
-    """The bytes of ``path`` ("-": standard input), at most ``limit`` of them (a longer file,
-    a device such as /dev/zero, or an endless pipe is a ConfigError once the limit is
-    passed)."""
+    """The bytes of ``path`` ("-": standard input), at most ``limit`` of them (a longer file
+    or an endless standard input is a ConfigError once the limit is passed; a FIFO, a device
+    or a directory is one before anything is read)."""
     p = Path(path)
     if str(path) == "-":
         if sys.stdin is None or sys.stdin.closed:
@@ -37,12 +92,8 @@ def read_bytes(path: str | os.PathLike[str], what: str, limit: int = MAX_TEXT_BY
             raise ConfigError(f"{what} on standard input is larger than {_mib(limit)}")
         return data
     try:
-        with p.open("rb") as f:
+        with open_regular(p, what) as f:
             data = f.read(limit + 1)
-    except FileNotFoundError as e:
-        raise ConfigError(f"cannot read {what} {p}: not found") from e
-    except IsADirectoryError as e:
-        raise ConfigError(f"cannot read {what} {p}: it is a directory") from e
     except OSError as e:
         raise ConfigError(f"cannot read {what} {p}: {e.strerror or e}") from e
     if len(data) > limit:
@@ -71,23 +122,19 @@ def require_regular(path: str | os.PathLike[str], what: str) -> None:
     except OSError as e:
         raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from e
     if not stat.S_ISREG(mode):
-        raise ConfigError(f"{what} {path} is not a regular file")
+        raise _not_regular(what, path, mode)
 
 
 def parse_json(text: str, where: str) -> Any:
     """``json.loads`` with its failures as one ConfigError line: invalid JSON, and JSON
-    nested too deeply to parse (RecursionError)."""
+    nested deeper than ``jsonbound.MAX_DEPTH``."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{where}: not valid JSON ({e.msg} at line {e.lineno})") from e
-    except RecursionError as e:
-        raise ConfigError(f"{where}: JSON nested too deeply") from e
+        return jsonbound.loads(text)
+    except jsonbound.JsonError as e:
+        raise ConfigError(f"{where}: {e}") from e
 
 
 def loads_or_none(text: str | bytes) -> Any:
-    """``json.loads``, or None for text that is not JSON (records read back tolerantly)."""
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return None
+    """``json.loads``, or None for text that is not JSON or nested too deeply (records read
+    back tolerantly)."""
+    return jsonbound.loads_or_none(text)

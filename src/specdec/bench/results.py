@@ -22,7 +22,9 @@ from typing import Any
 
 from specdec.bench.record_types import record_problem
 from specdec.errors import ConfigError
-from specdec.textfiles import loads_or_none, require_regular
+from specdec.textfiles import loads_or_none, read_bytes, require_regular
+
+MAX_RESULTS_BYTES = 1 << 30  # a results file (a long sweep writes tens of MB)
 
 SCHEMA_VERSION = 1
 Key = tuple[str, str, str, int, int]  # (config, mode, prompt_id, repeat, k)
@@ -115,10 +117,7 @@ def read_results(path: str | Path) -> Results:
     """Read a results file, tolerating a partial last line (and counting other bad lines)."""
     p = Path(path)
     require_regular(p, "results file")  # a FIFO or /dev/zero: an error, not a hang
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"cannot read results file {p}: {e}") from e
+    data = read_bytes(p, "results file", MAX_RESULTS_BYTES)  # and bounded in size
     text = data.decode("utf-8", errors="replace")
     return parse_records(text.split("\n"), ends_with_newline=text.endswith("\n") or not text)
 

@@ -83,7 +83,7 @@ def apply_holm(records: Sequence[TestRecord], alpha: float, power: float = 0.8) 
         else:
             mdt = min_detectable_tv_homogeneity(r.n_a, r.n_b, r.dof, level, power)
         out.append(
-            replace(r, adjusted_p=float(a), rejected=bool(a <= alpha), min_detectable_tv=mdt)
+            replace(r, adjusted_p=float(a), rejected=not bool(a > alpha), min_detectable_tv=mdt)
         )
     return out
 

@@ -14,6 +14,7 @@ so ``tie_threshold`` = 2 * max |diff| is what Level 3 uses to call a divergence 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,6 +25,7 @@ import torch
 
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM, extend_last
+from specdec.stats import worst
 
 DEFAULT_NS: tuple[int, ...] = (2, 5, 9)
 
@@ -56,11 +58,11 @@ class InvarianceResult:
 
     @property
     def max_abs(self) -> float:
-        return max((r.max_abs for r in self.per_n), default=0.0)
+        return worst([r.max_abs for r in self.per_n])
 
     @property
     def row_offset_max_abs(self) -> float:
-        return max((r.row_offset_max_abs for r in self.per_n), default=0.0)
+        return worst([r.row_offset_max_abs for r in self.per_n])
 
     @property
     def argmax_flips(self) -> int:
@@ -68,8 +70,11 @@ class InvarianceResult:
 
     @property
     def tie_threshold(self) -> float:
-        """Top-2 gaps at or below this can flip between batched and sequential scoring."""
-        return 2.0 * self.max_abs
+        """Top-2 gaps at or below this can flip between batched and sequential scoring; 0
+        (no near-ties: every flip is a bug) when the probe measured no finite difference
+        (a backend with inf or NaN logits would otherwise excuse every flip)."""
+        eps = self.max_abs
+        return 2.0 * eps if math.isfinite(eps) else 0.0
 
     @property
     def batch_invariant(self) -> bool:
@@ -176,9 +181,9 @@ def batch_invariance(
     rollback = 0.0
     for ids in prompts:
         scored, rb = probe_prompt(model, ids, ns)
-        rollback = max(rollback, rb)
+        rollback = worst([rollback, rb])
         for n, (b, s, sh) in scored.items():
-            offsets[n] = max(offsets[n], float((b[1:] - sh[:-1]).abs().max()))
+            offsets[n] = worst([offsets[n], float((b[1:] - sh[:-1]).abs().max())])
             diffs[n].append((b - s).abs().flatten().numpy())
             flips[n] += int((b.argmax(-1) != s.argmax(-1)).sum())
             tv = 0.5 * (_softmax64(b) - _softmax64(s)).abs().sum(-1)  # [n]

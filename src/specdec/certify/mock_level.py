@@ -36,7 +36,7 @@ from specdec.stats import chisquare_gof
 from specdec.theory import Costs
 
 from .common import FAIL, PASS, TestRecord, apply_holm, fmt
-from .progress import ProgressLog
+from .progress import ProgressLog, revive
 from .seeds import derive_seed
 
 
@@ -304,9 +304,9 @@ def run_greedy(cfg: Level2Config, log: ProgressLog | None) -> list[GreedyUnit]:
         )
         for closeness in cfg.greedy_closeness:
             key = f"l2/greedy/{closeness}-V{vocab}"
-            done = log.get(key) if log else None
-            if done is not None:
-                units.extend(GreedyUnit(**u) for u in done)
+            stored = log.read(key, lambda v: [revive(GreedyUnit, u) for u in v]) if log else None
+            if stored is not None:
+                units.extend(stored)
                 continue
             draft, target = mock_pair(closeness, vocab_size=vocab, seed=cfg.seed)
             batch: list[GreedyUnit] = []
@@ -393,9 +393,9 @@ def run_level2(cfg: Level2Config, *, log: ProgressLog | None = None) -> Level2Re
     for si, setup in enumerate(cfg.setups):
         prompt = mock_prompts(derive_seed(cfg.seed, "l2-sampled-prompt"), 2, vocab)[si % 2]
         key = f"l2/sampled/{setup.name}"
-        done = log.get(key) if log else None
-        if done is not None:
-            raw.extend(TestRecord(**d) for d in done)
+        records = log.read(key, lambda v: [revive(TestRecord, d) for d in v]) if log else None
+        if records is not None:
+            raw.extend(records)
             continue
         counts = sample_windows(setup, cfg, prompt)
         target = setup.pair(vocab, cfg.seed)[1]

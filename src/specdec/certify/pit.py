@@ -150,7 +150,7 @@ class UniformityResult:
 
     @property
     def rejected(self) -> bool:
-        return self.pvalue <= self.alpha
+        return not self.pvalue > self.alpha  # a NaN p-value is rejected, never passed
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -329,13 +329,15 @@ def sequence_mean_interval(
     values: Sequence[float], confidence: float
 ) -> tuple[float, float, float]:
     """Mean of per-sequence values (independent units) and its two-sided Student-t interval
-    (mean, low, high); (nan, nan, nan) for no data, (m, m, m) for one value."""
+    (mean, low, high); (nan, nan, nan) for no data, (m, nan, nan) for one value: one
+    sequence gives no interval, and its value is not a bound on the mean (taking it as one
+    let a single sequence below a threshold pass a rule stated for the upper 95 % bound)."""
     x = np.asarray(values, dtype=np.float64)
     if x.shape[0] == 0:
         return math.nan, math.nan, math.nan
     m = float(x.mean())
     if x.shape[0] == 1:
-        return m, m, m
+        return m, math.nan, math.nan
     half = float(sps.t.ppf(0.5 + confidence / 2, x.shape[0] - 1) * x.std(ddof=1)) / math.sqrt(
         x.shape[0]
     )

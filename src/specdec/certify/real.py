@@ -44,14 +44,14 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingConfig
-from specdec.stats import first_difference, softmax_tv_bound
+from specdec.stats import first_difference, softmax_tv_bound, worst
 
 from .common import FAIL, PASS, WARN, fmt
 from .invariance import InvarianceResult, batch_invariance
 from .pertoken import SequenceScore, plain_rows, replay_rows, score_sequence
 from .pit import PowerRow, UniformityResult, power_table, sequence_mean_interval, uniformity_test
 from .prefix_cache import PrefixReuseLM
-from .progress import ProgressLog
+from .progress import ProgressLog, revive
 from .seeds import derive_seed
 from .shape_matched import shape_matched_generate
 
@@ -164,7 +164,10 @@ def classify_divergence(
     pt = plain_tokens[index] if index < len(plain_tokens) else None
     ab, as_ = int(torch.argmax(b)), int(torch.argmax(s))
     reproduced = ab == st and as_ == pt
-    tie = reproduced and max(gb, gs) <= tie_threshold
+    # both gaps, each on its own (max() drops a NaN that comes second), finite, and a finite
+    # threshold: a row with NaN or inf logits is a bug, not a near-tie
+    gaps_ok = all(math.isfinite(g) and g <= tie_threshold for g in (gb, gs))
+    tie = reproduced and gaps_ok and math.isfinite(tie_threshold)
     return Divergence(
         index=index,
         spec_token=st,
@@ -238,7 +241,7 @@ class PerTokenResult:
         """The run's passes do not match its output, or the replay does not reproduce them:
         the decoder fed the target something else than it claims (or the backend is not
         deterministic), so reference (a) is not the rows that produced the tokens."""
-        return self.inconsistent_sequences > 0 or self.replay_max_abs > 0
+        return self.inconsistent_sequences > 0 or self.replay_max_abs != 0  # NaN: broken
 
     @property
     def decoder_rejected(self) -> bool:
@@ -304,9 +307,14 @@ def summarize_scores(
         order=order,
         mean_tokens_per_round=float(u_a.shape[0] / rounds) if rounds else math.nan,
         inconsistent_sequences=sum(not s.consistent for s in scores),
-        replay_max_abs=max(replayed, default=0.0),
+        replay_max_abs=worst(replayed),
         n_replayed=len(replayed),
     )
+
+
+def _scores(value: list[dict[str, Any]]) -> list[SequenceScore]:
+    """Stored sequence scores, read back (``progress.revive``)."""
+    return [revive(SequenceScore, x) for x in value]
 
 
 # ------------------------------------------------------------------ level
@@ -342,7 +350,7 @@ class Level3Result:
 
     @property
     def rollback_broken(self) -> bool:
-        return self.probe is not None and self.probe.rollback_max_abs > 0
+        return self.probe is not None and self.probe.rollback_max_abs != 0  # NaN: broken
 
     @property
     def tie_threshold(self) -> float:
@@ -622,10 +630,9 @@ def run_level3(
         t0 = time.perf_counter()
         for i, ids in enumerate(prompts[: cfg.greedy_prompts]):
             key = f"l3/greedy/{i}"
-            done = log.get(key) if log else None
-            if done is not None:
-                div = Divergence(**done["divergence"]) if done["divergence"] else None
-                res.greedy.append(GreedyPrompt(**{**done, "divergence": div}))
+            stored = log.read(key, lambda v: revive(GreedyPrompt, v)) if log else None
+            if stored is not None:
+                res.greedy.append(stored)
                 continue
             g = greedy_prompt(t, drafter(i), ids, cfg, res.tie_threshold, i)
             res.greedy.append(g)
@@ -647,31 +654,33 @@ def run_level3(
         for i, ids in enumerate(prompts[:n_prompts]):
             for c0 in range(0, cfg.seeds, cfg.chunk):
                 key = f"l3/pertoken/{i}/{c0}"
-                done = log.get(key) if log else None
-                if done is None:
-                    done = [
-                        score_sequence(
-                            t,
-                            drafter(i),
-                            order_model,
-                            ids,
-                            k=cfg.k,
-                            max_new_tokens=cfg.sample_tokens,
-                            sampling=cfg.sampling,
-                            seed=derive_seed(cfg.seed, "l3", "spec", i, s),
-                            pit_seed=derive_seed(cfg.seed, "l3", "pit", i, s),
-                            with_plain=s < cfg.n_plain,
-                        ).to_dict()
-                        for s in range(c0, min(cfg.seeds, c0 + cfg.chunk))
-                    ]
-                    if log:
-                        log.put(key, done)
-                    say(
-                        f"per-token prompt {i + 1}/{n_prompts}: "
-                        f"{c0 + len(done)}/{cfg.seeds} sequences "
-                        f"({time.perf_counter() - t0:.0f} s)"
-                    )
-                scores.extend(SequenceScore(**x) for x in done)
+                chunk = log.read(key, _scores) if log else None
+                if chunk is not None:
+                    scores.extend(chunk)
+                    continue
+                done = [
+                    score_sequence(
+                        t,
+                        drafter(i),
+                        order_model,
+                        ids,
+                        k=cfg.k,
+                        max_new_tokens=cfg.sample_tokens,
+                        sampling=cfg.sampling,
+                        seed=derive_seed(cfg.seed, "l3", "spec", i, s),
+                        pit_seed=derive_seed(cfg.seed, "l3", "pit", i, s),
+                        with_plain=s < cfg.n_plain,
+                    ).to_dict()
+                    for s in range(c0, min(cfg.seeds, c0 + cfg.chunk))
+                ]
+                if log:
+                    log.put(key, done)
+                say(
+                    f"per-token prompt {i + 1}/{n_prompts}: "
+                    f"{c0 + len(done)}/{cfg.seeds} sequences "
+                    f"({time.perf_counter() - t0:.0f} s)"
+                )
+                scores.extend(_scores(done))
         res.pertoken = summarize_scores(scores, cfg, order)
         res.seconds["pertoken"] = time.perf_counter() - t0
     return res

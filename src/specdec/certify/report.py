@@ -87,7 +87,13 @@ class Certificate:
                     text += (
                         f"; vs plain p = {fmt(pt.plain.pvalue)}"
                         f"{' REJECTED' if pt.plain.rejected else ''}, measured per-token TV "
-                        f"{fmt(pt.tv_plain)} (95 % upper {fmt(pt.tv_plain_high)}; threshold "
+                        f"{fmt(pt.tv_plain)} ("
+                        + (
+                            f"95 % upper {fmt(pt.tv_plain_high)}"
+                            if pt.n_plain_sequences > 1
+                            else "no bound from 1 sequence"
+                        )
+                        + "; threshold "
                         f"{pt.tv_threshold:g}"
                         + (", EXCEEDED: batch-shape numerics" if pt.plain_effect_too_large else "")
                         + ")"

@@ -36,9 +36,10 @@ from specdec import rejection
 from specdec.rejection import RandomSource, TorchRandom, enumerate_outcomes
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.stats import chisquare_gof
+from specdec.stats import worst as worst_of
 
 from .common import FAIL, PASS, TestRecord, apply_holm, fmt
-from .progress import ProgressLog
+from .progress import ProgressLog, revive
 from .seeds import derive_seed
 
 WalkFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, RandomSource], tuple[int, int]]
@@ -63,6 +64,11 @@ def default_walk(
 ) -> tuple[int, int]:
     """``specdec.rejection.walk``, looked up at call time (so injected faults apply)."""
     return rejection.walk(p, q, drafts, rng)
+
+
+def _records(value: list[dict[str, object]]) -> list[TestRecord]:
+    """Stored test records, read back (``progress.revive``)."""
+    return [revive(TestRecord, d) for d in value]
 
 
 @dataclass(frozen=True)
@@ -155,14 +161,14 @@ def conditional_deviation(
     for seq, prob in dist.items():
         for j in range(len(seq)):
             joint[seq[:j]][seq[j]] += prob
-    worst = abs(sum(dist.values()) - 1.0)
+    deviations = [abs(sum(dist.values()) - 1.0)]
     wtv = 0.0
     for prefix, row in joint.items():
         mass = float(row.sum())
         target = mass * pd[len(prefix)]
-        worst = max(worst, float(np.abs(row - target).max()))
+        deviations.append(float(np.abs(row - target).max()))
         wtv += 0.5 * float(np.abs(row - target).sum())
-    return worst, wtv
+    return worst_of(deviations), wtv  # NaN anywhere: NaN, which no tolerance passes
 
 
 @dataclass
@@ -197,7 +203,7 @@ def exact_case(
         for drafts in all_tuples:
             dist = round_outcomes(walk_fn, case, drafts)
             w, t = conditional_deviation(dist, p)
-            worst, wtv, outcomes = max(worst, w), max(wtv, t), outcomes + len(dist)
+            worst, wtv, outcomes = worst_of([worst, w]), worst_of([wtv, t]), outcomes + len(dist)
         tuples = len(all_tuples)
     return ExactCaseResult(
         case.name, case.kind, case.k, case.vocab, tuples, outcomes, worst, wtv, worst <= tol
@@ -352,9 +358,9 @@ def run_level1(
                 name = f"{kind}-V{cfg.exact_vocab}-K{k}-{i}"
                 case = make_case(gen, cfg.exact_vocab, k, kind, name)  # always drawn: stable
                 key = f"l1/exact/{name}"
-                done = log.get(key) if log else None
+                done = log.read(key, lambda v: revive(ExactCaseResult, v)) if log else None
                 if done is not None:
-                    res.exact.append(ExactCaseResult(**done))
+                    res.exact.append(done)
                     continue
                 r = exact_case(
                     walk_fn, case, cfg.exact_tol, cfg.max_fixed_drafts, derive_seed(cfg.seed, key)
@@ -371,9 +377,9 @@ def run_level1(
                     name = f"{kind}-V{vocab}-K{k}-{i}"
                     case = make_case(gen, vocab, k, kind, name)
                     key = f"l1/mc/{name}"
-                    done = log.get(key) if log else None
-                    if done is not None:
-                        raw.extend(TestRecord(**d) for d in done)
+                    stored = log.read(key, _records) if log else None
+                    if stored is not None:
+                        raw.extend(stored)
                         continue
                     recs = mc_case_tests(
                         walk_fn, case, cfg.mc_trials, cfg.mc_min_count, derive_seed(cfg.seed, key)

@@ -17,6 +17,7 @@ from typing import Any
 
 from specdec import __version__
 from specdec.errors import SpecdecError
+from specdec.printable import MAX_ERROR_CHARS, printable
 
 # name -> (module, one-line help shown by `specdec --help` without importing the module)
 COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecdecError as e:
         if args.debug:
             traceback.print_exc()
-        print(f"specdec: error: {e}", file=sys.stderr)
+        print(f"specdec: error: {printable(e, MAX_ERROR_CHARS)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("specdec: interrupted", file=sys.stderr)
@@ -119,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        print(f"specdec: error: {e.strerror or e}{where}", file=sys.stderr)
+        message = f"{e.strerror or e}{where}"
+        print(f"specdec: error: {printable(message, MAX_ERROR_CHARS)}", file=sys.stderr)
         return 2
 
 

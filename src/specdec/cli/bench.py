@@ -15,6 +15,7 @@ from specdec.cli.common import parse_int_list
 from specdec.cli.endpoint import add_bench_args as add_endpoint_args
 from specdec.cli.endpoint import run_bench as run_endpoint_bench
 from specdec.errors import ConfigError
+from specdec.printable import printable
 from specdec.prompt_sets import select_prompts
 
 DEFAULT_OUT = "runs/bench.jsonl"
@@ -192,7 +193,8 @@ def print_plan(plan: BenchPlan) -> None:
         seed=plan.seed,
     )
     cats = Counter(p.category for p in prompts)
-    print(f"prompts: {len(prompts)} ({', '.join(f'{c} {n}' for c, n in cats.items())})")
+    listed = ", ".join(f"{c} {n}" for c, n in cats.items())
+    print(f"prompts: {len(prompts)} ({printable(listed)})")
     print(f"K sweep: {', '.join(map(str, plan.ks))}; modes: {', '.join(plan.modes)}")
     print(f"max new tokens: {plan.max_new_tokens}; repeats: {plan.repeats}; seed: {plan.seed}")
     total = 0
@@ -206,7 +208,8 @@ def print_plan(plan: BenchPlan) -> None:
         else:
             draft = f"ngram {cfg.ngram}"
         ks = f" (K {', '.join(map(str, cfg.ks))})" if cfg.ks else ""
-        print(f"  {cfg.label}: {draft} -> {cfg.target.label()}{ks}: {n} generations")
+        line = f"{cfg.label}: {draft} -> {cfg.target.label()}{ks}: {n} generations"
+        print(f"  {printable(line)}")
     print(f"total: {total} generations")
 
 
@@ -229,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         from tqdm import tqdm
 
-        tqdm.write(msg, file=sys.stderr)
+        tqdm.write(printable(msg), file=sys.stderr)
 
     try:
         outcome = run_bench(
@@ -251,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     if outcome.partial_line_cut:
         print(f"note: cut a partial last line off {out} before resuming", file=sys.stderr)
     for s in outcome.skipped_prompts:
-        print(f"note: skipped {s}", file=sys.stderr)
+        print(f"note: skipped {printable(s)}", file=sys.stderr)
     print(
         f"{outcome.measured} measurements written to {out}"
         + (f" ({outcome.already_done} already there)" if outcome.already_done else "")

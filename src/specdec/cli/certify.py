@@ -12,6 +12,7 @@ from specdec.cli.common import add_model_args, check_common, model_configs, quie
 from specdec.cli.endpoint import add_certify_args as add_endpoint_args
 from specdec.cli.endpoint import run_certify as run_endpoint_certify
 from specdec.errors import ConfigError
+from specdec.printable import printable
 
 # specdec.certify.faults.ALL_FAULTS (not imported here: it pulls in torch at CLI start-up;
 # a test checks that the two agree)
@@ -241,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         quiet_libraries()
 
     def say(msg: str) -> None:
-        print(f"specdec certify: {msg}", file=sys.stderr, flush=True)
+        print(f"specdec certify: {printable(msg)}", file=sys.stderr, flush=True)
 
     from specdec.api import measured_costs
     from specdec.pairs import is_planned
@@ -252,6 +253,6 @@ def run(args: argparse.Namespace) -> int:
         lambda: load_pair(draft_cfg, target_cfg, costs=costs, draft_window=window),
         progress=say,
     )
-    print(cert.verdict_line())
+    print(printable(cert.verdict_line()))
     print(f"wrote {Path(args.out) / 'certificate.md'} and {Path(args.out) / 'certificate.json'}")
     return 1 if cert.status == FAIL else 0

@@ -20,10 +20,41 @@ from specdec.pairs import (
     DraftRef,
     model_refs,
 )
+from specdec.printable import printable
 from specdec.sampling import SamplingConfig
 
 if TYPE_CHECKING:
     from specdec.api import Pair
+
+
+SEEN_FLAGS = "_seen_boolean_flags"  # the namespace attribute OneOfBoolean records into
+
+
+class OneOfBoolean(argparse.BooleanOptionalAction):
+    """``--flag`` / ``--no-flag`` where giving both is a contradiction, not "the last one
+    wins": every form given is recorded on the namespace, and ``check_common`` refuses a
+    flag given both ways with one line."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        seen: dict[str, set[str]] = getattr(namespace, SEEN_FLAGS, None) or {}
+        if option_string is not None:
+            seen.setdefault(self.option_strings[0], set()).add(option_string)
+        setattr(namespace, SEEN_FLAGS, seen)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def check_contradictions(args: argparse.Namespace) -> None:
+    """A ConfigError for a OneOfBoolean flag given both ways (``--exact --no-exact``)."""
+    for forms in (getattr(args, SEEN_FLAGS, None) or {}).values():
+        if len(forms) > 1:
+            both = " and ".join(sorted(forms, key=len))
+            raise ConfigError(f"{both} contradict each other: give one of them")
 
 
 def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
@@ -79,7 +110,7 @@ def add_model_args(p: argparse.ArgumentParser, *, n_ctx: int = 4096) -> None:
     g.add_argument("--n-ctx", type=int, default=n_ctx, help="context window to allocate")
     g.add_argument(
         "--exact",
-        action=argparse.BooleanOptionalAction,
+        action=OneOfBoolean,
         default=None,
         help="exact numerics for the target (llama.cpp): a token's logits do not depend on "
         "how many tokens share its pass, so speculative output is plain decoding's, token for "
@@ -137,7 +168,9 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
 
 def check_common(args: argparse.Namespace) -> None:
     """Bounds of the shared numeric flags, before anything is loaded (specdec.bounds: the
-    same rules for every subcommand; a subcommand's default of None is not checked)."""
+    same rules for every subcommand; a subcommand's default of None is not checked), and
+    flags given both ways (``check_contradictions``)."""
+    check_contradictions(args)
     check_threads(getattr(args, "threads", None))
     check_n_ctx(getattr(args, "n_ctx", None))
     check_draft_window(args)
@@ -200,12 +233,13 @@ def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
         auto=args.auto,
         draft_window=args.draft_window,
         exact=args.exact,
-        log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
+        log=lambda m: print(f"[specdec] {printable(m)}", file=sys.stderr),
     )
     config = pair.config
     assert config is not None
     if config.how:  # the profile or the machine default chose: say what and why
-        print(f"[specdec] {config.how}: {config.label}: {config.reason}", file=sys.stderr)
+        line = f"{config.how}: {config.label}: {config.reason}"
+        print(f"[specdec] {printable(line)}", file=sys.stderr)
     return pair
 
 

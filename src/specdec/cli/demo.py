@@ -17,6 +17,7 @@ from specdec.cli import command_help
 from specdec.cli.common import check_common, quiet_libraries
 from specdec.errors import ConfigError
 from specdec.pairs import DEFAULT_TARGET
+from specdec.printable import printable
 
 DEMO_TASK = "code_predict:rename_1"
 
@@ -79,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     task = tasks[args.task]
     print(f"[specdec] {verdict(args.target, args.threads)}", file=sys.stderr)
-    pair = load(args.target, n_threads=args.threads, log=lambda m: print(f"[specdec] {m}"))
+    pair = load(
+        args.target, n_threads=args.threads, log=lambda m: print(f"[specdec] {printable(m)}")
+    )
     ids = pair.encode(task.text)
     instruction = task.text.split("\n\n", 1)[0]
     print(f"[specdec] task {task.id} ({len(ids)}-token prompt): {instruction}", file=sys.stderr)

@@ -11,6 +11,8 @@ import shlex
 import sys
 from typing import Any
 
+from specdec.printable import printable
+
 BENCH_OUT = "runs/bench-endpoint.jsonl"
 DEFAULT_CONCURRENCY = "1,2,4,8"
 QUICK_CONCURRENCY = "1,2"
@@ -60,7 +62,19 @@ def _add_common(p: argparse.ArgumentParser, *, default_api: str) -> argparse._Ar
         help="read the API key from the first line of FILE (kept out of the process list)",
     )
     g.add_argument(
-        "--timeout", type=float, default=120.0, metavar="S", help="seconds per request (120)"
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds a request may wait for the next bytes of its reply (120)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds the whole of one request may take (default: --timeout plus 1 s per "
+        "requested token); a reply slower than that is an error, not retried",
     )
     g.add_argument(
         "--retries",
@@ -180,6 +194,7 @@ def _config(args: argparse.Namespace) -> Any:
         api_key=read_api_key(args.api_key, args.api_key_file),
         api=args.endpoint_api,
         timeout_s=args.timeout,
+        request_timeout_s=args.request_timeout,
         retries=args.retries,
         max_rps=args.max_rps,
     )
@@ -242,7 +257,7 @@ def run_bench(args: argparse.Namespace) -> int:
     sides = make_sides(_config(args), args.endpoint_off, args.endpoint_off_model)
     out = args.out or BENCH_OUT
     if args.dry_run:
-        print(f"endpoint: {sides.describe()}")
+        print(f"endpoint: {printable(sides.describe())}")
         print(f"prompts: {len(plan.prompts)}; concurrency {', '.join(map(str, plan.concurrency))}")
         print(
             f"modes: {', '.join(plan.modes)}; {plan.max_new_tokens} tokens; "
@@ -252,7 +267,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     def log(msg: str) -> None:
         if not args.no_progress:
-            print(f"specdec bench: {msg}", file=sys.stderr, flush=True)
+            print(f"specdec bench: {printable(msg)}", file=sys.stderr, flush=True)
 
     outcome = asyncio.run(
         run_endpoint_bench(
@@ -267,7 +282,7 @@ def run_bench(args: argparse.Namespace) -> int:
         )
     )
     for note in outcome.notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(f"note: {printable(note)}", file=sys.stderr)
     print(
         f"{outcome.measured_groups} groups measured into {out}"
         + (f" ({outcome.skipped_groups} already there)" if outcome.skipped_groups else "")
@@ -360,7 +375,7 @@ def run_certify(args: argparse.Namespace) -> int:
     sides = make_sides(_config(args), args.endpoint_off, args.endpoint_off_model)
 
     def say(msg: str) -> None:
-        print(f"specdec certify: {msg}", file=sys.stderr, flush=True)
+        print(f"specdec certify: {printable(msg)}", file=sys.stderr, flush=True)
 
     cert = asyncio.run(
         run_endpoint_certify(
@@ -373,7 +388,7 @@ def run_certify(args: argparse.Namespace) -> int:
         )
     )
     j, m = write_certificate(cert, Path(args.out))
-    print(cert.verdict_line())
-    print(cert.power_line())
+    print(printable(cert.verdict_line()))
+    print(printable(cert.power_line()))
     print(f"wrote {m} and {j}")
     return 1 if cert.status == FAIL else 0

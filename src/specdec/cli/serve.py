@@ -18,6 +18,7 @@ from specdec.cli.common import (
 from specdec.credentials import API_KEY_ENV, read_api_key
 from specdec.errors import ConfigError
 from specdec.pairs import DEFAULT_K, release
+from specdec.printable import printable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -137,11 +138,11 @@ def run(args: argparse.Namespace) -> int:
         if config.how
         else f"K={config_.settings.k}{', adaptive' if args.adaptive else ''}"
     )
-    print(
-        f"[specdec] serving {name!r} on http://{args.host}:{args.port}/v1 ({how}, "
-        f"{'API key required' if args.api_key else 'no API key'})",
-        file=sys.stderr,
+    line = (
+        f"serving {name!r} on http://{args.host}:{args.port}/v1 ({how}, "
+        f"{'API key required' if args.api_key else 'no API key'})"
     )
+    print(f"[specdec] {printable(line)}", file=sys.stderr)
     try:
         uvicorn.run(
             app,

@@ -30,6 +30,7 @@ from specdec.bench.plan import MAX_COUNT
 from specdec.bench.results import ResultsWriter, open_for_append
 from specdec.bounds import check_range, check_seed
 from specdec.credentials import redact_argv, redact_url
+from specdec.endpoint.capacity import MAX_CONCURRENCY, ensure_open_files
 from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.counters import has_known_series, metrics_counters
 from specdec.endpoint.pairing import (
@@ -41,14 +42,12 @@ from specdec.endpoint.pairing import (
 )
 from specdec.endpoint.records import GroupKey, finished_groups, read_records
 from specdec.errors import ConfigError
+from specdec.printable import printable
 from specdec.prompt_sets import Prompt
 
 SCHEMA = "specdec-endpoint-bench/1"
 MODES = ("greedy", "sampled")
 SAMPLED_TEMPERATURE = 1.0
-
-
-MAX_CONCURRENCY = 4096  # clients at once
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,10 @@ async def _run_group(
 
     async def one(slot: Slot) -> tuple[Reply, float]:
         offset = time.monotonic() - t0
-        req = Request(slot.prompt.text, max_tokens, temperature=temperature, seed=slot.seed)
+        label = f"{mode}, {len(slots)} clients, prompt {printable(slot.prompt.id, 80)}"
+        req = Request(
+            slot.prompt.text, max_tokens, temperature=temperature, seed=slot.seed, label=label
+        )
         return await client.generate(req), offset
 
     tasks = [asyncio.create_task(one(s)) for s in slots]
@@ -197,7 +199,10 @@ async def run_endpoint_bench(
 ) -> BenchOutcome:
     """Run the plan against the two sides, appending to ``out``."""
     outcome = BenchOutcome()
-    on, off = open_clients(sides, seed_rng)
+    clients = max(plan.concurrency)
+    # both sides' pools are open at once (one connection per client each)
+    ensure_open_files(2 * clients, f"--concurrency {clients}")
+    on, off = open_clients(sides, seed_rng, connections=clients)
     async with on, off:
         model_on = await on.resolve_model()
         model_off = await off.resolve_model()
@@ -231,6 +236,7 @@ async def run_endpoint_bench(
             if cut:
                 outcome.notes.append(f"cut a partial last line off {out} before resuming")
             done = finished_groups(records)
+            short: dict[tuple[str, int, str], int] = {}  # the fewest requests on the wire
             writer.append(header)
             scrape = {
                 "on": has_known_series(await on.scrape_metrics() or {}),
@@ -247,11 +253,20 @@ async def run_endpoint_bench(
                                     outcome.skipped_groups += 1
                                     continue
                                 client = on if side == "on" else off
-                                await _measure_group(
+                                peak = await _measure_group(
                                     client, slots, key, plan, sides, writer, scrape[side]
                                 )
                                 outcome.measured_groups += 1
+                                if peak < c:
+                                    short[(mode, c, side)] = min(
+                                        peak, short.get((mode, c, side), c)
+                                    )
                         log(f"mode {mode}, concurrency {c}, repeat {repeat + 1}: done")
+    for (mode, c, side), peak in short.items():
+        outcome.notes.append(
+            f"{mode}, {c} clients, spec-{side}: in a group only {peak} requests were on the "
+            "wire at once (measured at the client); the report gives the figures per level"
+        )
     return outcome
 
 
@@ -263,10 +278,13 @@ async def _measure_group(
     sides: Sides,
     writer: ResultsWriter,
     scrape: bool,
-) -> None:
+) -> int:
+    """Measure one group and write its records; the most requests it had on the wire."""
     mode, c, repeat, group, side = key
     before = await client.scrape_metrics() if scrape else None
+    client.in_flight.open_window()
     replies, wall = await _run_group(client, slots, mode, plan.max_new_tokens)
+    sent = client.in_flight.window()
     after = await client.scrape_metrics() if scrape else None
     for (reply, offset), slot in zip(replies, slots, strict=True):
         if side == "off":
@@ -283,6 +301,9 @@ async def _measure_group(
             "group": group,
             "side": side,
             "n_requests": len(slots),
+            # requests on the wire at once, measured at the client (what the server could see)
+            "peak_in_flight": sent.peak,
+            "mean_in_flight": sent.mean,
             "wall_s": wall,
             "n_tokens": sum(tokens),
             "throughput_tps": sum(tokens) / wall if wall > 0 else None,
@@ -291,3 +312,4 @@ async def _measure_group(
             "metrics_accepted": scraped.accepted if scraped else None,
         }
     )
+    return sent.peak

@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from specdec.bounds import check_scale
+from specdec.bounds import check_range, check_scale
+from specdec.endpoint.capacity import MAX_CONCURRENCY
 from specdec.endpoint.client import Reply
 from specdec.endpoint.pertoken import DEFAULT_TOP, PerTokenResult
 from specdec.errors import ConfigError
@@ -124,8 +125,9 @@ class EndpointCertifyPlan:
             raise ConfigError("the sampled tests need a temperature > 0")
         if not 0 < self.alpha < 0.5:
             raise ConfigError(f"alpha must be in (0, 0.5), got {self.alpha}")
-        if self.tie_gap < 0 or self.concurrency < 1:
-            raise ConfigError("tie gap must be >= 0 and concurrency >= 1")
+        if not (math.isfinite(self.tie_gap) and self.tie_gap >= 0):
+            raise ConfigError(f"tie gap must be finite and >= 0, got {self.tie_gap}")
+        check_range(self.concurrency, "concurrency", 1, MAX_CONCURRENCY)
         if not 1 <= self.top_logprobs <= 20:
             raise ConfigError(f"top logprobs must be in 1..20, got {self.top_logprobs}")
         if self.pertoken_top < 1:
@@ -201,9 +203,28 @@ class GreedyCase:
 
 
 def _gap(row: Mapping[str, float] | None, mine: str, other: str) -> float | None:
+    """``row[mine] - row[other]`` (signed), None when the row lacks either token."""
     if row is None or mine not in row or other not in row:
         return None
     return float(row[mine] - row[other])
+
+
+def _not_greedy(row: Mapping[str, float], mine: str) -> float | None:
+    """How many nats the row's best token scores above ``mine``, the token the side chose at
+    temperature 0 (None when ``mine`` is the best or ties it). Positive means the side did not
+    pick its own argmax: not a near-tie, whatever the other side's gap."""
+    lead = max(row.values()) - row[mine]
+    return lead if lead > 0 or math.isnan(lead) else None
+
+
+def _follow_up_gap(row: Mapping[str, float] | None, mine: str, other: str) -> float | None:
+    """The gap in a row fetched by a second request (another pass than the one that chose):
+    how far the lower of the two competing tokens is below the row's best token. When one of
+    them is the best, that is |row[mine] - row[other]|; when a third token leads both, the
+    two are not the contest at that position and the gap is the distance to it."""
+    if row is None or mine not in row or other not in row:
+        return None
+    return float(max(row.values()) - min(row[mine], row[other]))
 
 
 def compare_greedy(
@@ -213,10 +234,16 @@ def compare_greedy(
     tie_gap: float,
     follow_up: tuple[Mapping[str, float] | None, Mapping[str, float] | None] = (None, None),
 ) -> GreedyCase:
-    """Compare one prompt's greedy outputs. ``follow_up`` holds rows for the divergence
-    position fetched by a second request (spec-on, spec-off), used for a side whose own row
-    lacks a competing token; in such a row the chosen token may also trail (the row comes
-    from another pass), so its gap counts by its absolute value."""
+    """Compare one prompt's greedy outputs.
+
+    A divergence at token j is a near-tie only when, for each side, the row it reported with
+    its output scores its own choice as the best token (it chose its argmax: a side whose row
+    puts the other token above its choice made a non-greedy choice, a FAIL) ahead of the other
+    side's choice by at most ``tie_gap`` nats (the signed gap, >= 0). ``follow_up`` holds rows
+    for the divergence position fetched by a second request (spec-on, spec-off), used for a
+    side whose own row lacks a competing token; such a row comes from another pass, so the
+    chosen token may trail there, and its gap is ``_follow_up_gap``. Every gap must be a
+    finite number."""
     d = first_difference(on.text, off.text)
     if d is None:
         return GreedyCase(prompt, "identical", on.text, off.text)
@@ -248,24 +275,37 @@ def compare_greedy(
     row_off = off.top_logprobs[j] if off.top_logprobs and j < len(off.top_logprobs) else None
     gap_on, gap_off = _gap(row_on, t_on, t_off), _gap(row_off, t_off, t_on)
     src_on = src_off = "reported"
-    if gap_on is None and (g := _gap(follow_up[0], t_on, t_off)) is not None:
-        gap_on, src_on = abs(g), "follow-up"
-    if gap_off is None and (g := _gap(follow_up[1], t_off, t_on)) is not None:
-        gap_off, src_off = abs(g), "follow-up"
+    # a side whose own row says it did not choose its best token: not greedy, never a tie
+    for side, row, mine in (("spec-on", row_on, t_on), ("spec-off", row_off, t_off)):
+        lead = _not_greedy(row, mine) if row and mine in row else None
+        if lead is not None:
+            case |= {"gap_on": gap_on, "gap_off": gap_off}
+            case |= {"gap_on_source": "reported" if gap_on is not None else None}
+            case |= {"gap_off_source": "reported" if gap_off is not None else None}
+            reason = (
+                f"the {side} side chose {mine!r} at temperature 0 though its own row scores "
+                f"another token {lead:.3g} nats higher: not its argmax, so not a near-tie"
+            )
+            return GreedyCase(prompt, "differs", on.text, off.text, reason=reason, **case)
+    if gap_on is None and (g := _follow_up_gap(follow_up[0], t_on, t_off)) is not None:
+        gap_on, src_on = g, "follow-up"
+    if gap_off is None and (g := _follow_up_gap(follow_up[1], t_off, t_on)) is not None:
+        gap_off, src_off = g, "follow-up"
     case |= {"gap_on": gap_on, "gap_off": gap_off}
     case |= {"gap_on_source": src_on if gap_on is not None else None}
     case |= {"gap_off_source": src_off if gap_off is not None else None}
     if gap_on is None or gap_off is None:
         reason = "a competing token is not among the returned top logprobs"
         return GreedyCase(prompt, "differs", on.text, off.text, reason=reason, **case)
-    if gap_on <= tie_gap and gap_off <= tie_gap:
+    gaps = (gap_on, gap_off)
+    if all(math.isfinite(g) and 0 <= g <= tie_gap for g in gaps) and math.isfinite(tie_gap):
         reason = f"both gaps <= {tie_gap:g} nats" + (
             " (a gap from a follow-up request for that position's row)"
             if "follow-up" in (src_on, src_off)
             else ""
         )
         return GreedyCase(prompt, "near-tie", on.text, off.text, reason=reason, **case)
-    reason = f"a gap above {tie_gap:g} nats: not a near-tie"
+    reason = f"a gap above {tie_gap:g} nats (or not a finite number): not a near-tie"
     return GreedyCase(prompt, "differs", on.text, off.text, reason=reason, **case)
 
 
@@ -416,7 +456,7 @@ def sampled_tests(
             dof=dof,
             pvalue=p,
             adjusted_p=float(adj),
-            rejected=bool(adj <= plan.alpha),
+            rejected=not bool(adj > plan.alpha),  # NaN: rejected
             per_prompt=tuple(pp),
             min_detectable_tv=mdt,
             simulated_power=sim,
@@ -433,10 +473,13 @@ def joint_holm(
     if not raw:
         return list(tests), pertoken
     adj = [float(a) for a in holm_adjust(raw)]
-    out = [replace(t, adjusted_p=a, rejected=a <= alpha) for t, a in zip(tests, adj, strict=False)]
+    out = [
+        replace(t, adjusted_p=a, rejected=not a > alpha) for t, a in zip(tests, adj, strict=False)
+    ]
     if pertoken is not None:
         a = adj[-1]
-        pertoken = replace(pertoken, adjusted_p=a, rejected=a <= alpha or pertoken.impossible > 0)
+        rejected = not a > alpha or pertoken.impossible > 0  # an impossible token: rejected
+        pertoken = replace(pertoken, adjusted_p=a, rejected=rejected)
     return out, pertoken
 
 

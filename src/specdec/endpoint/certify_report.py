@@ -9,6 +9,7 @@ from pathlib import Path
 
 from specdec.endpoint.certify import LIMITS, VERDICT, EndpointCertificate
 from specdec.endpoint.pertoken import ALTERNATIVES
+from specdec.printable import printable
 
 
 def _src(source: str | None) -> str:
@@ -22,14 +23,16 @@ def _f(x: float | None, spec: str = ".3g") -> str:
 def render_markdown(cert: EndpointCertificate) -> str:
     p = cert.plan
     out = [f"# Endpoint certificate: {VERDICT[cert.status]}", ""]
-    out += [f"- sides: {cert.sides}", f"- model: `{cert.model}` ({cert.api} API)"]
+    # the model name is the server's own (its /v1/models list): printed escaped, as notes are
+    out += [f"- sides: {printable(cert.sides)}", f"- model: `{printable(cert.model, 200)}`"]
+    out[-1] += f" ({cert.api} API)"
     if cert.command:
         out.append(f"- command: `{cert.command}`")
     out.append(f"- time: {cert.seconds:.0f} s (where it went: the Time section)")
     if cert.drafted_on is not None:
         out.append(f"- spec-on drafted {cert.drafted_on} tokens, accepted {cert.accepted_on}")
     for n in cert.notes:
-        out.append(f"- note: {n}")
+        out.append(f"- note: {printable(n)}")
     out += ["", "## Greedy agreement", ""]
     out.append(
         f"{len(cert.greedy)} prompts, {p['greedy_tokens']} tokens, temperature 0; a divergence "
@@ -104,7 +107,7 @@ def _pertoken_section(cert: EndpointCertificate) -> list[str]:
     out = ["", "## Per-token test", ""]
     pt = cert.pertoken
     if pt is None:
-        return [*out, f"Not run: {cert.pertoken_note or 'no sampled part'}."]
+        return [*out, f"Not run: {printable(cert.pertoken_note or 'no sampled part')}."]
     out.append(
         f"{pt.n_tokens} tokens of {pt.n_completions} spec-on completions, each scored against "
         f"the spec-off server's row at its position (prompt_logprobs, top {pt.top} by rank + "

@@ -19,13 +19,14 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from specdec.certify.progress import ProgressLog
+from specdec.certify.progress import ProgressLog, revive
+from specdec.endpoint.capacity import ensure_open_files
 from specdec.endpoint.certify import (
     FAIL,
     PASS,
@@ -40,7 +41,7 @@ from specdec.endpoint.certify import (
 )
 from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.counters import SpecCounters, has_known_series, metrics_counters
-from specdec.endpoint.errors import EndpointError
+from specdec.endpoint.errors import BadReply, EndpointError
 from specdec.endpoint.pace import Pace
 from specdec.endpoint.pairing import (
     TWO_SERVERS,
@@ -94,22 +95,66 @@ def reply_to_json(r: Reply) -> dict[str, Any]:
     }
 
 
+def _check(d: dict[str, Any], name: str, *kinds: type) -> Any:
+    value = d.get(name)
+    ok = value is None or (isinstance(value, kinds) and not isinstance(value, bool))
+    if not ok or (value is None and name == "text"):
+        raise TypeError(f"{name} holds {type(value).__name__}")
+    return value
+
+
+def _listed(value: Any, kind: type, name: str) -> tuple[Any, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(x, kind) and not isinstance(x, bool) for x in value
+    ):
+        raise TypeError(f"{name} is not a list of {kind.__name__}")
+    return tuple(value)
+
+
 def reply_from_json(d: dict[str, Any]) -> Reply:
-    c = d.get("counters")
+    """A reply stored by ``reply_to_json``, its fields' types checked (a TypeError names
+    the first that is wrong: ``ProgressLog.read`` turns it into one line)."""
+    if not isinstance(d, dict):
+        raise TypeError(f"a reply is stored as {type(d).__name__}")
+    c = _check(d, "counters", dict)
+    tops = _listed(d.get("top_logprobs"), dict, "top_logprobs")
+    for row in tops or ():
+        if not all(isinstance(v, int | float) for v in row.values()):
+            raise TypeError("top_logprobs holds a row that is not token -> number")
     return Reply(
-        text=d["text"],
-        finish_reason=d.get("finish_reason"),
-        e2e_s=float(d.get("e2e_s") or 0.0),
+        text=_check(d, "text", str),
+        finish_reason=_check(d, "finish_reason", str),
+        e2e_s=float(_check(d, "e2e_s", int, float) or 0.0),
         ttft_s=None,
-        n_tokens=d.get("n_tokens"),
+        n_tokens=_check(d, "n_tokens", int),
         tokens_source="progress",
         n_chunks=0,
-        counters=SpecCounters(**c) if c else None,
-        tokens=tuple(d["tokens"]) if d.get("tokens") is not None else None,
-        top_logprobs=tuple(d["top_logprobs"]) if d.get("top_logprobs") else None,
-        attempts=int(d.get("attempts") or 1),
-        token_ids=tuple(d["token_ids"]) if d.get("token_ids") is not None else None,
+        counters=revive(SpecCounters, c) if c else None,
+        tokens=_listed(d.get("tokens"), str, "tokens"),
+        top_logprobs=tops or None,
+        attempts=int(_check(d, "attempts", int) or 1),
+        token_ids=_listed(d.get("token_ids"), int, "token_ids"),
     )
+
+
+def _budget_of(d: dict[str, Any]) -> tuple[int, float]:
+    """The stored choice of a budgeted run: (samples per prompt and side, s per pair)."""
+    n, t = d["samples"], d["item_s"]
+    if not (isinstance(n, int) and n >= 2 and isinstance(t, int | float) and math.isfinite(t)):
+        raise ValueError(f"samples {n!r}, item_s {t!r}")
+    return n, float(t)
+
+
+def _score_of(d: dict[str, Any]) -> tuple[list[float], int]:
+    """A stored scoring: (PIT values, nan for None; tokens in the top N)."""
+    u, n_in = d["u"], d["in_top"]
+    if not isinstance(u, list) or not all(x is None or isinstance(x, int | float) for x in u):
+        raise TypeError("u is not a list of numbers")
+    if not (isinstance(n_in, int) and 0 <= n_in <= len(u)):
+        raise ValueError(f"in_top {n_in!r}")
+    return [math.nan if x is None else float(x) for x in u], n_in
 
 
 class Gates:
@@ -160,10 +205,10 @@ class _Run:
 
     async def reply(self, key: str, side: str, req: Request, *, timed: bool = False) -> Reply:
         """The reply stored under ``key``, or the request sent now (and stored)."""
-        done = self.store.get(key)
-        if done is not None:
+        stored = self.store.read(key, reply_from_json)
+        if stored is not None:
             self.pace.reused += 1
-            r = reply_from_json(done)
+            r = stored
         else:
             async with self.gates[side]:
                 r = await self.client(side).generate(req)
@@ -189,6 +234,7 @@ class _Run:
                 seed=plan.seed + i,
                 logprobs=plan.top_logprobs if logprobs else None,
                 stream=False,
+                label=f"greedy prompt {i + 1}",
             )
             pair = [self.reply(f"greedy:{i}:{side}", side, req) for side in ("on", "off")]
             if self.gates.parallel:
@@ -198,16 +244,21 @@ class _Run:
             case = compare_greedy(prompt, r_on, r_off, plan.tie_gap)
             j = case.token_index
             if case.status == "differs" and j is not None and None in (case.gap_on, case.gap_off):
+                label = f"follow-up row of greedy prompt {i + 1} at token {j}"
                 rows = (
-                    await self.row_at("on", prompt, r_on, j) if case.gap_on is None else None,
-                    await self.row_at("off", prompt, r_off, j) if case.gap_off is None else None,
+                    await self.row_at("on", prompt, r_on, j, label)
+                    if case.gap_on is None
+                    else None,
+                    await self.row_at("off", prompt, r_off, j, label)
+                    if case.gap_off is None
+                    else None,
                 )
                 case = compare_greedy(prompt, r_on, r_off, plan.tie_gap, follow_up=rows)
             out.append(case)
         return out
 
     async def row_at(
-        self, side: str, prompt: str, reply: Reply, j: int
+        self, side: str, prompt: str, reply: Reply, j: int, label: str
     ) -> Mapping[str, float] | None:
         """The side's top-20 row at token j of its reply, by a second request: the prompt's
         and the reply's first j token ids as the prompt, one token at temperature 0. For a
@@ -220,11 +271,14 @@ class _Run:
         ids = await client.tokenize(prompt)
         if not ids:
             return None
-        req = Request(tuple(ids) + reply.token_ids[:j], 1, temperature=0.0, seed=0, logprobs=20)
+        prompt_ids = tuple(ids) + reply.token_ids[:j]
+        req = Request(prompt_ids, 1, seed=0, logprobs=20, stream=False, label=label)
         try:
             async with self.gates[side]:
-                r = await client.generate(replace(req, stream=False))
-        except EndpointError:
+                r = await client.generate(req)
+        except BadReply:
+            raise
+        except EndpointError:  # refused: the divergence stays without that row (a FAIL)
             return None
         return r.top_logprobs[0] if r.top_logprobs else None
 
@@ -236,9 +290,9 @@ class _Run:
         from the progress file when resuming), and a note when it is below the plan's."""
         plan = self.plan
         assert plan.max_seconds is not None
-        stored = self.store.get(BUDGET_KEY)
+        stored = self.store.read(BUDGET_KEY, _budget_of)
         if stored is not None:
-            n, t_item = int(stored["samples"]), float(stored["item_s"])
+            n, t_item = stored
         else:
             t_item = await self._pilot(prompt_ids)
             left = plan.max_seconds - elapsed - t_item * PILOT - ANALYSIS_S
@@ -251,10 +305,14 @@ class _Run:
         return n, (
             f"the time budget ({plan.max_seconds:.0f} s) fits {n} of {plan.samples} sampled "
             f"requests per prompt and side (a pilot measured {t_item:.2f} s per request pair)"
-            + ("; that is the minimum, so the run takes longer" if n == plan.min_samples else "")
+            + (
+                "; that is the minimum: if it does not fit, the run stops at the budget"
+                if n == plan.min_samples
+                else ""
+            )
         )
 
-    def _sampled_request(self, text: str, seed: int, *, with_ids: bool) -> Request:
+    def _sampled_request(self, text: str, seed: int, *, with_ids: bool, label: str) -> Request:
         """One request of the sampled part (and of its pilot): the plan's sampling settings;
         with token ids and the sampled token's logprob where the per-token test runs."""
         plan = self.plan
@@ -268,6 +326,7 @@ class _Run:
             logprobs=1 if with_ids else None,
             stream=False,
             extra=TOKEN_IDS if with_ids else {},
+            label=label,
         )
 
     async def _pilot(self, prompt_ids: list[list[int]] | None) -> float:
@@ -280,12 +339,16 @@ class _Run:
         times: dict[str, list[float]] = {"on": [], "off": [], "score": []}
 
         async def one(side: str, seed: int) -> None:
-            req = self._sampled_request(text, seed, with_ids=prompt_ids is not None)
+            req = self._sampled_request(
+                text, seed, with_ids=prompt_ids is not None, label="pilot of the sampled part"
+            )
             async with self.gates[side]:
                 r = await self.client(side).generate(req)
             times[side].append(r.e2e_s)
             if side == "on" and prompt_ids is not None and r.token_ids:
-                sreq = scoring_request(prompt_ids[0], r.token_ids, plan.pertoken_top)
+                sreq = scoring_request(
+                    prompt_ids[0], r.token_ids, plan.pertoken_top, label="pilot scoring"
+                )
                 async with self.gates["off"]:
                     s = await self.off.generate(sreq)
                 times["score"].append(s.e2e_s)
@@ -319,7 +382,10 @@ class _Run:
             self.pace.progress("sampled", done[0], total, started)
 
         async def one(i: int, k: int, side: str, seed: int) -> str:
-            req = self._sampled_request(texts[i], seed, with_ids=prompt_ids is not None)
+            label = f"sampled prompt {i + 1}, request {k + 1}"
+            req = self._sampled_request(
+                texts[i], seed, with_ids=prompt_ids is not None, label=label
+            )
             r = await self.reply(f"sampled:{i}:{side}:{k}", side, req, timed=True)
             tick()
             if side == "on" and prompt_ids is not None:
@@ -346,18 +412,19 @@ class _Run:
     async def score(self, i: int, k: int, prompt_ids: list[int], r: Reply) -> list[float]:
         """The PIT values of spec-on sample (i, k) against the spec-off server's rows."""
         key = f"score:{i}:{k}"
-        done = self.store.get(key)
+        done = self.store.read(key, _score_of)
         if done is not None:
             self.pace.reused += 1
-            self.in_top += int(done["in_top"])
-            return [float("nan") if x is None else float(x) for x in done["u"]]
+            self.in_top += done[1]
+            return done[0]
         ids = r.token_ids
         if ids is None:
             raise EndpointError(f"{self.on.config.url} returned a sample without token ids")
         if not ids:
             self.store.put(key, {"u": [], "in_top": 0})
             return []
-        req = scoring_request(prompt_ids, ids, self.plan.pertoken_top)
+        label = f"scoring of sampled prompt {i + 1}, request {k + 1}"
+        req = scoring_request(prompt_ids, ids, self.plan.pertoken_top, label=label)
         async with self.gates["off"]:
             s = await self.off.generate(req)
         self.pace.request("score", s.e2e_s, s.attempts)
@@ -376,6 +443,134 @@ class _Run:
         return u
 
 
+@dataclass
+class _Collected:
+    """What the requests of a run gave (``_collect``), before any analysis."""
+
+    plan: EndpointCertifyPlan  # with the sample count the budget chose
+    model: str
+    run: _Run
+    greedy: list[GreedyCase]
+    prompt_ids: list[list[int]] | None
+    pertoken_note: str | None
+    texts_on: list[list[str]]
+    texts_off: list[list[str]]
+    u: list[float]
+    n_scored: int
+    in_top: int
+    metrics_before: dict[str, float] | None
+    metrics_after: dict[str, float] | None
+
+
+def network_budget(plan: EndpointCertifyPlan) -> float | None:
+    """Seconds the requests of a budgeted run may take, all of them together: the budget
+    less what the analysis keeps (ANALYSIS_S), but at least half of it; None: no budget."""
+    if plan.max_seconds is None:
+        return None
+    return max(plan.max_seconds / 2, plan.max_seconds - ANALYSIS_S)
+
+
+def budget_spent(plan: EndpointCertifyPlan, pace: Pace, path: Path | None) -> str:
+    """The one line of a run whose requests ran out of the time budget."""
+    assert plan.max_seconds is not None
+    n = sum(len(v) for v in pace.request_s.values())
+    slowest = max((max(v) for v in pace.request_s.values() if v), default=None)
+    where = f" in the {pace.current} part" if pace.current else ""
+    again = f"; --resume continues from {path}" if path is not None and path.exists() else ""
+    return (
+        f"the time budget of {plan.max_seconds / 60:g} min (--max-minutes) ran out{where} after "
+        f"{n} timed replies"
+        + (f" (the slowest {slowest:.1f} s)" if slowest is not None else "")
+        + ": the servers were too slow for it or stalled; give more --max-minutes (0: none)"
+        + again
+    )
+
+
+async def _collect(
+    plan: EndpointCertifyPlan,
+    sides: Sides,
+    on: EndpointClient,
+    off: EndpointClient,
+    pace: Pace,
+    notes: list[str],
+    progress: Callable[[str], None],
+    path: Path | None,
+    resume: bool,
+) -> _Collected:
+    """Every request of the run: setup and probes, greedy, pilot, sampled (and scoring)."""
+    with pace.phase("setup"):
+        model = await on.resolve_model()
+        model_off = await off.resolve_model()
+        if resume and (path is None or not path.exists()):
+            raise EndpointError(f"cannot resume: {path or 'no output directory'} not found")
+        store = ProgressLog(
+            path,
+            {
+                "plan": asdict(plan),
+                "on": sides.on.url,
+                "off": sides.off.url,
+                "switch": sides.switch,
+                "api": sides.on.api,
+                "model": model,
+                "model_off": model_off,
+            },
+            resume=resume,
+        )
+        if store.done:
+            progress(f"resuming: {len(store.done)} replies read back from {path}")
+        check = await probe_switch(on, off, sides.switch)
+        notes.extend(check.notes)
+        metrics_before = await on.scrape_metrics()
+    run = _Run(plan, sides, on, off, store, pace)
+
+    greedy: list[GreedyCase] = []
+    if plan.greedy_prompts:
+        with pace.phase("greedy"):
+            logprobs = await _logprobs_supported(on, off, plan.top_logprobs)
+            if not logprobs:
+                notes.append(
+                    "the server returns no logprobs: greedy divergences cannot be checked for "
+                    "near-ties"
+                )
+            progress(f"greedy agreement on {plan.greedy_prompts} prompts")
+            greedy = await run.greedy(logprobs)
+
+    prompt_ids: list[list[int]] | None = None
+    pertoken_note: str | None = None
+    texts_on: list[list[str]] = []
+    texts_off: list[list[str]] = []
+    u: list[float] = []
+    n_scored = in_top = 0
+    if plan.sampled_prompts:
+        with pace.phase("pertoken probe"):
+            prompt_ids, pertoken_note = await _pertoken_setup(plan, on, off)
+        if plan.max_seconds is not None:
+            with pace.phase("pilot"):
+                n, note = await run.fit_budget(prompt_ids, pace.elapsed())
+            if note:
+                notes.append(note)
+                progress(note)
+            plan = run.plan = replace(plan, samples=n)
+        with pace.phase("sampled"):
+            texts_on, texts_off, u, n_scored, in_top = await run.sampled(prompt_ids)
+    metrics_after = await on.scrape_metrics()
+    return _Collected(
+        plan,
+        model,
+        run,
+        greedy,
+        prompt_ids,
+        pertoken_note,
+        texts_on,
+        texts_off,
+        u,
+        n_scored,
+        in_top,
+        metrics_before,
+        metrics_after,
+    )
+
+
 async def run_endpoint_certify(
     plan: EndpointCertifyPlan,
     sides: Sides,
@@ -386,80 +581,37 @@ async def run_endpoint_certify(
     resume: bool = False,
 ) -> EndpointCertificate:
     """Run the plan against the two sides. With ``out_dir``, replies go to its progress file
-    as they arrive, and ``resume`` continues from it."""
+    as they arrive, and ``resume`` continues from it. With a time budget, the requests stop
+    when it runs out (``network_budget``), whatever the servers do: one EndpointError line."""
     pace = Pace(log=progress)
     notes: list[str] = []
-    on, off = open_clients(sides, random.Random(plan.seed))
-    async with on, off:
-        with pace.phase("setup"):
-            model = await on.resolve_model()
-            model_off = await off.resolve_model()
-            path = Path(out_dir) / PROGRESS_FILE if out_dir is not None else None
-            if resume and (path is None or not path.exists()):
-                raise EndpointError(f"cannot resume: {path or 'no output directory'} not found")
-            store = ProgressLog(
-                path,
-                {
-                    "plan": asdict(plan),
-                    "on": sides.on.url,
-                    "off": sides.off.url,
-                    "switch": sides.switch,
-                    "api": sides.on.api,
-                    "model": model,
-                    "model_off": model_off,
-                },
-                resume=resume,
-            )
-            if store.done:
-                progress(f"resuming: {len(store.done)} replies read back from {path}")
-            check = await probe_switch(on, off, sides.switch)
-            notes.extend(check.notes)
-            metrics_before = await on.scrape_metrics()
-        run = _Run(plan, sides, on, off, store, pace)
-
-        greedy: list[GreedyCase] = []
-        if plan.greedy_prompts:
-            with pace.phase("greedy"):
-                logprobs = await _logprobs_supported(on, off, plan.top_logprobs)
-                if not logprobs:
-                    notes.append(
-                        "the server returns no logprobs: greedy divergences cannot be "
-                        "checked for near-ties"
-                    )
-                progress(f"greedy agreement on {plan.greedy_prompts} prompts")
-                greedy = await run.greedy(logprobs)
-
-        prompt_ids: list[list[int]] | None = None
-        pertoken_note: str | None = None
-        if plan.sampled_prompts:
-            with pace.phase("pertoken probe"):
-                prompt_ids, pertoken_note = await _pertoken_setup(plan, on, off)
-            if plan.max_seconds is not None:
-                with pace.phase("pilot"):
-                    n, note = await run.fit_budget(prompt_ids, pace.elapsed())
-                if note:
-                    notes.append(note)
-                    progress(note)
-                plan = run.plan = replace(plan, samples=n)
-            with pace.phase("sampled"):
-                texts_on, texts_off, u, n_scored, in_top = await run.sampled(prompt_ids)
-        metrics_after = await on.scrape_metrics()
+    connections = plan.concurrency + 1  # + a follow-up row or /tokenize outside the gates
+    ensure_open_files(2 * connections, f"--concurrency {plan.concurrency}")
+    on, off = open_clients(sides, random.Random(plan.seed), connections=connections)
+    path = Path(out_dir) / PROGRESS_FILE if out_dir is not None else None
+    try:
+        async with asyncio.timeout(network_budget(plan)), on, off:  # None: no deadline
+            got = await _collect(plan, sides, on, off, pace, notes, progress, path, resume)
+    except TimeoutError as e:
+        raise EndpointError(budget_spent(plan, pace, path)) from e
+    plan, prompt_ids = got.plan, got.prompt_ids
 
     with pace.phase("analysis"):
         family = len(STATISTICS) + (prompt_ids is not None)
         rng = np.random.default_rng(plan.seed + 12345)
         tests = (
-            sampled_tests(texts_on, texts_off, plan, rng, family=family)
+            sampled_tests(got.texts_on, got.texts_off, plan, rng, family=family)
             if plan.sampled_prompts
             else []
         )
         pertoken: PerTokenResult | None = None
         if prompt_ids is not None:
+            u = got.u
             pertoken = pertoken_test(
                 u,
-                n_completions=n_scored,
+                n_completions=got.n_scored,
                 top=plan.pertoken_top,
-                in_top=in_top / len(u) if u else float("nan"),
+                in_top=got.in_top / len(u) if u else float("nan"),
                 level=plan.alpha / family,
                 power=plan.power,
                 trials=plan.power_trials,
@@ -467,10 +619,11 @@ async def run_endpoint_certify(
             )
         tests, pertoken = joint_holm(tests, pertoken, plan.alpha)
 
-    drafted, accepted = run.drafted, run.accepted
+    drafted, accepted = got.run.drafted, got.run.accepted
+    before, after = got.metrics_before, got.metrics_after
     scraped = (
-        metrics_counters(metrics_before, metrics_after)
-        if metrics_before is not None and metrics_after and has_known_series(metrics_after)
+        metrics_counters(before, after)
+        if before is not None and after and has_known_series(after)
         else None
     )
     if not drafted and scraped is not None:
@@ -478,6 +631,7 @@ async def run_endpoint_certify(
         notes.append("draft counters: the spec-on server's /metrics before and after the run")
     if pace.slow_note:
         notes.append(pace.slow_note)
+    greedy = got.greedy
     status = PASS
     if any(c.status == "near-tie" for c in greedy):
         status = WARN
@@ -498,7 +652,7 @@ async def run_endpoint_certify(
     return EndpointCertificate(
         status=status,
         sides=sides.describe(),
-        model=model,
+        model=got.model,
         api=sides.on.api,
         plan={k: v for k, v in asdict(plan).items() if k != "prompts"}
         | {"n_prompts": len(plan.prompts)},
@@ -510,7 +664,7 @@ async def run_endpoint_certify(
         seconds=float(timing["total_s"]),
         command=command,
         pertoken=pertoken,
-        pertoken_note=pertoken_note,
+        pertoken_note=got.pertoken_note,
         timing=timing,
     )
 
@@ -537,10 +691,12 @@ async def _pertoken_setup(
 
 async def _logprobs_supported(on: EndpointClient, off: EndpointClient, n: int) -> bool:
     """Whether both sides answer a request that asks for top logprobs with logprobs."""
-    req = Request("Hello", 2, temperature=0.0, seed=0, logprobs=n, stream=False)
+    req = Request("Hello", 2, seed=0, logprobs=n, stream=False, label="logprobs probe")
     for client in (on, off):
         try:
             reply = await client.generate(req)
+        except BadReply:
+            raise
         except EndpointError as e:
             if "logprob" in str(e).lower():
                 return False

@@ -2,37 +2,59 @@
 the time to first token, decode speed and end-to-end latency of every request.
 
 Requests go only to the configured base URL (``trust_env=False``: proxy variables from the
-environment are not used). Transport errors, timeouts and HTTP 429 / 502 / 503 / 504 are
-retried with exponential backoff (jittered by an explicit generator; ``Retry-After`` is
+environment are not used). Transport errors, read timeouts and HTTP 429 / 502 / 503 / 504
+are retried with exponential backoff (jittered by an explicit generator; ``Retry-After`` is
 honoured up to a cap); every other refusal is an ``EndpointError`` with one line naming the
-URL and the server's own message. ``RateLimiter`` bounds how many requests start per second.
+URL, the request and the server's own message. ``RateLimiter`` bounds how many requests
+start per second.
+
+Every reply is untrusted and bounded (``docs/endpoint.md``, "What is bounded"):
+
+- **time**: ``timeout_s`` between two chunks (httpx's read timeout, retried), and the whole
+  of one attempt within ``request_s``: ``timeout_s`` plus ``PER_TOKEN_S`` per requested token
+  for a generation (``timeout_s`` for the other routes), or ``request_timeout_s`` when set;
+  not retried (a server that trickles would trickle again);
+- **size**: ``wire.reply_limit`` (from ``max_tokens`` and the logprobs asked for), 16 MiB for
+  the model list and ``/metrics``, 64 KiB of a refusal's body; not retried;
+- **shape**: ``schema`` (one function per kind of reply); JSON depth: ``jsonbound``.
+
+The pool holds as many connections as the caller will have requests in flight
+(``connections``), spread over several httpx clients of at most ``SHARD`` connections each:
+httpcore's pool does work quadratic in its size on every request, which at 3,000
+connections in one pool kept a core busy and sent ~200 requests in 250 s. ``in_flight``
+measures how many requests were on the wire at once (``inflight``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
 import httpx
 
+from specdec import jsonbound
+from specdec.credentials import check_api_key
+from specdec.endpoint import schema, wire
 from specdec.endpoint.counters import SpecCounters, counters_from_body, parse_prometheus
-from specdec.endpoint.errors import EndpointError
+from specdec.endpoint.errors import BadReply, EndpointError
+from specdec.endpoint.inflight import InFlight
+from specdec.endpoint.schema import TOKEN_ID_PREFIX, PromptRow
+from specdec.printable import printable, quoted_list
+
+__all__ = ["TOKEN_ID_PREFIX", "PromptRow"]
 
 Api = Literal["completions", "chat"]
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 MAX_BACKOFF_S = 30.0
+PER_TOKEN_S = 1.0  # a generation's time bound: timeout_s plus this per requested token
+SHARD = 64  # connections per httpx client (see the module docstring)
 EMPTY: Mapping[str, Any] = MappingProxyType({})
-TOKEN_ID_PREFIX = "token_id:"
-# one prompt position as vLLM reports it: token id -> (logprob, rank); the position's own
-# token is always present, the others are the top-N by rank
-PromptRow = Mapping[int, tuple[float, int]]
 
 
 def normalise_url(url: str) -> str:
@@ -40,7 +62,7 @@ def normalise_url(url: str) -> str:
     without ``/v1``; anything but an http(s) URL is an error."""
     u = url.strip().rstrip("/")
     if not (u.startswith("http://") or u.startswith("https://")) or u[-3:] == "://":
-        raise EndpointError(f"{url!r} is not an http:// or https:// URL")
+        raise EndpointError(f"{printable(repr(url), 200)} is not an http:// or https:// URL")
     if u.endswith("/v1"):
         u = u[: -len("/v1")]
     return u
@@ -60,10 +82,14 @@ class EndpointConfig:
     backoff_s: float = 0.5
     max_rps: float | None = None  # request starts per second (None: no bound)
     extra_body: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+    # the whole of one attempt; None: timeout_s + PER_TOKEN_S per requested token
+    request_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", normalise_url(self.url))
-        timeouts = (self.timeout_s, self.connect_timeout_s)
+        timeouts = [self.timeout_s, self.connect_timeout_s]
+        if self.request_timeout_s is not None:
+            timeouts.append(self.request_timeout_s)
         if not all(math.isfinite(t) and t > 0 for t in timeouts):
             raise EndpointError("timeouts must be finite and > 0 seconds")
         if self.retries < 0:
@@ -74,6 +100,15 @@ class EndpointConfig:
             )
         if self.api not in ("completions", "chat"):
             raise EndpointError(f"api must be completions or chat, got {self.api!r}")
+        if self.api_key is not None:
+            check_api_key(self.api_key)  # httpx would fail with UnicodeEncodeError on 'é'
+
+    def request_s(self, tokens: int | None) -> float:
+        """The bound on one attempt's whole time: ``request_timeout_s``, else ``timeout_s``
+        plus PER_TOKEN_S per requested token (``tokens`` None: not a generation)."""
+        if self.request_timeout_s is not None:
+            return self.request_timeout_s
+        return self.timeout_s + PER_TOKEN_S * max(0, tokens or 0)
 
 
 @dataclass(frozen=True)
@@ -82,7 +117,8 @@ class Request:
 
     ``prompt`` is text, or token ids (completions API only; vLLM and llama.cpp take them).
     ``extra`` is merged into the body last (engine-specific fields such as vLLM's
-    ``prompt_logprobs`` or ``return_tokens_as_token_ids``)."""
+    ``prompt_logprobs`` or ``return_tokens_as_token_ids``). ``label`` names the request in
+    error messages (``greedy prompt 2``); it is not sent."""
 
     prompt: str | tuple[int, ...]
     max_tokens: int
@@ -93,6 +129,20 @@ class Request:
     logprobs: int | None = None  # top logprobs per token (non-streamed requests only)
     stream: bool = True
     extra: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+    label: str = ""
+
+    def reply_limit(self) -> int:
+        """The byte bound of this request's reply (``wire.reply_limit``)."""
+        scored = self.extra.get("prompt_logprobs")
+        prompt_tokens = (
+            len(self.prompt) if scored is not None and not isinstance(self.prompt, str) else 0
+        )
+        n_logprobs = max(self.logprobs or 0, _as_int(scored))
+        return wire.reply_limit(self.max_tokens, n_logprobs, prompt_tokens)
+
+
+def _as_int(x: Any) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 1 << 16 else 0
 
 
 @dataclass(frozen=True)
@@ -157,83 +207,118 @@ class _Retry(Exception):
         self.retry_after = retry_after
 
 
-def server_message(r: httpx.Response) -> str:
-    """The server's own error text (OpenAI's error.message, FastAPI's detail, or the body)."""
+def server_message(body: bytes, reason: str) -> str:
+    """The server's own error text (OpenAI's error.message, FastAPI's detail, or the body),
+    printable and at most 300 characters."""
     try:
-        body = r.json()
-    except ValueError:
-        return r.text.strip()[:200] or r.reason_phrase
-    if isinstance(body, dict):
-        err = body.get("error")
+        obj = wire.decode_json(body, "")
+    except EndpointError:
+        return printable(body.decode("utf-8", errors="replace").strip() or reason, 200)
+    if isinstance(obj, dict):
+        err = obj.get("error")
         if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:300]
-        if isinstance(err, str):
-            return err[:300]
-        if body.get("detail"):
-            return str(body["detail"])[:300]
-        if body.get("message"):
-            return str(body["message"])[:300]
-    return json.dumps(body)[:200]
+            return printable(err["message"], 300)
+        if isinstance(err, str) and err:
+            return printable(err, 300)
+        for key in ("detail", "message"):
+            if obj.get(key):
+                return printable(obj[key], 300)
+    return printable(body.decode("utf-8", errors="replace").strip() or reason, 200)
 
 
 def _retry_after(r: httpx.Response) -> float | None:
     try:
-        return min(MAX_BACKOFF_S, max(0.0, float(r.headers.get("retry-after", ""))))
+        value = float(r.headers.get("retry-after", ""))
     except ValueError:
         return None
+    return min(MAX_BACKOFF_S, max(0.0, value)) if math.isfinite(value) else None
 
 
 class EndpointClient:
-    """An async client for one endpoint; use as ``async with EndpointClient(cfg) as c``."""
+    """An async client for one endpoint; use as ``async with EndpointClient(cfg) as c``.
+    ``connections``: requests the caller will have in flight at once (the pool's size);
+    ``name``: the side it serves in messages (``spec-on``)."""
 
     def __init__(
-        self, config: EndpointConfig, *, rng: random.Random, limiter: RateLimiter | None = None
+        self,
+        config: EndpointConfig,
+        *,
+        rng: random.Random,
+        limiter: RateLimiter | None = None,
+        connections: int = 1,
+        name: str = "",
     ) -> None:
+        if connections < 1:
+            raise EndpointError(f"connections must be >= 1, got {connections}")
         self.config = config
         self.model: str | None = config.model
+        self.name = name
+        self.in_flight = InFlight()
         self._rng = rng
         self._limiter = limiter or RateLimiter(config.max_rps)
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self._http = httpx.AsyncClient(
-            base_url=config.url,
-            headers=headers,
-            timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
-            follow_redirects=False,
-            trust_env=False,
-        )
+        n_shards = -(-connections // SHARD)
+        per_shard = -(-connections // n_shards)
+        limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
+        self._shards = [
+            httpx.AsyncClient(
+                base_url=config.url,
+                headers=headers,
+                timeout=httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s),
+                limits=limits,
+                follow_redirects=False,
+                trust_env=False,
+            )
+            for _ in range(n_shards)
+        ]
+        self._busy = [0] * n_shards
+        self.connections = n_shards * per_shard
 
     async def __aenter__(self) -> EndpointClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._http.aclose()
+        for http in self._shards:
+            await http.aclose()
 
-    # -- errors and retries --------------------------------------------------------------
-    def _refused(self, r: httpx.Response, path: str) -> EndpointError:
-        msg = server_message(r)
-        where = f"{self.config.url}{path}"
-        if r.status_code in (401, 403):
+    # -- where a request goes, and its errors ---------------------------------------------------
+    def where(self, path: str, label: str = "") -> str:
+        """``URL/path (side, request)``: how every message names a request."""
+        about = ", ".join(x for x in (self.name, label) if x)
+        return f"{self.config.url}{path}" + (f" ({printable(about, 200)})" if about else "")
+
+    def _refused(self, status: int, body: bytes, reason: str, where: str) -> EndpointError:
+        msg = server_message(body, reason)
+        if status in (401, 403):
             return EndpointError(
-                f"{where} refused the request (HTTP {r.status_code}: {msg}); pass the server's "
-                "key with --api-key"
+                f"{where} refused the request (HTTP {status}: {msg}); pass the server's key "
+                "with --api-key"
             )
-        if r.status_code == 404 and "model" in msg.lower():
+        if status == 404 and "model" in msg.lower():
             return EndpointError(f"{where}: {msg} (choose the model with --endpoint-model)")
-        if r.status_code == 404:
+        if status == 404:
             return EndpointError(f"{where} does not exist (HTTP 404): is this an OpenAI API?")
-        return EndpointError(f"{where} refused the request (HTTP {r.status_code}): {msg}")
+        return EndpointError(f"{where} refused the request (HTTP {status}): {msg}")
 
-    def _transport(self, e: httpx.TransportError, path: str) -> _Retry:
-        where = f"{self.config.url}{path}"
+    def _transport(self, e: httpx.TransportError, where: str) -> _Retry:
         if isinstance(e, httpx.ConnectTimeout):
             return _Retry(f"cannot reach {where}: no connection within the connect timeout")
         if isinstance(e, httpx.ConnectError):
-            return _Retry(f"cannot reach {where}: {e or 'connection refused'}")
+            return _Retry(f"cannot reach {where}: {printable(e, 300) or 'connection refused'}")
         if isinstance(e, httpx.TimeoutException):
             return _Retry(f"{where} sent nothing for {self.config.timeout_s:g} s (timeout)")
-        return _Retry(f"{where}: the connection failed ({type(e).__name__}: {e})")
+        return _Retry(f"{where}: the connection failed ({type(e).__name__}: {printable(e, 300)})")
 
-    async def _with_retries(self, path: str, attempt_fn: Any) -> tuple[Any, int]:
+    async def _with_retries(
+        self,
+        path: str,
+        label: str,
+        attempt_fn: Callable[[httpx.AsyncClient], Awaitable[Any]],
+        total_s: float,
+    ) -> tuple[Any, int]:
+        """``attempt_fn`` on the least busy shard, each attempt within ``total_s`` seconds,
+        retried after transport errors and _Retry; (its result, the attempts made)."""
+        where = self.where(path, label)
         last: _Retry | None = None
         for attempt in range(self.config.retries + 1):
             if attempt:
@@ -241,64 +326,84 @@ class EndpointClient:
                 backoff = min(MAX_BACKOFF_S, self.config.backoff_s * 2 ** (attempt - 1))
                 delay = last.retry_after if last.retry_after is not None else backoff
                 await asyncio.sleep(delay * (0.5 + self._rng.random()))
+            shard = min(range(len(self._shards)), key=self._busy.__getitem__)
+            self._busy[shard] += 1
             try:
-                return await attempt_fn(), attempt + 1
+                async with asyncio.timeout(total_s):
+                    return await attempt_fn(self._shards[shard]), attempt + 1
+            except TimeoutError as e:
+                raise BadReply(
+                    f"{where} did not finish its reply within {total_s:g} s (the bound of one "
+                    "request: --timeout plus 1 s per requested token, or --request-timeout)"
+                ) from e
             except httpx.TransportError as e:
-                last = self._transport(e, path)
+                last = self._transport(e, where)
             except _Retry as e:
                 last = e
+            finally:
+                self._busy[shard] -= 1
         assert last is not None
         tries = self.config.retries + 1
         raise EndpointError(f"{last.message} (after {tries} attempt{'s' * (tries > 1)})")
 
+    async def _get_json(
+        self, http: httpx.AsyncClient, method: str, path: str, limit: int, where: str, **kw: Any
+    ) -> tuple[int, Any]:
+        """(status, the JSON body of a 200 reply, else None) of a bounded request; a
+        retryable status is a _Retry, a refusal other than 404/405 an EndpointError."""
+        trace = {"trace": self.in_flight.trace()}
+        async with http.stream(method, path, extensions=trace, **kw) as r:
+            if r.status_code in RETRY_STATUS:
+                raise _Retry(f"{where}: HTTP {r.status_code}", _retry_after(r))
+            if r.status_code in (404, 405):
+                return r.status_code, None
+            if r.status_code != 200:
+                body = await wire.read_prefix(r, wire.ERROR_BODY_BYTES)
+                raise self._refused(r.status_code, body, r.reason_phrase, where)
+            return 200, wire.decode_json(await wire.read_body(r, limit, where), where)
+
     # -- model discovery -----------------------------------------------------------------
     async def list_models(self) -> list[str] | None:
         """The ids of ``/v1/models``; None when the server has no such route."""
+        path = "/v1/models"
+        where = self.where(path)
 
-        async def once() -> list[str] | None:
-            r = await self._http.get("/v1/models")
-            if r.status_code in RETRY_STATUS:
-                raise _Retry(f"{self.config.url}/v1/models: HTTP {r.status_code}", _retry_after(r))
-            if r.status_code in (404, 405):
+        async def once(http: httpx.AsyncClient) -> list[str] | None:
+            status, body = await self._get_json(http, "GET", path, wire.LIST_BYTES, where)
+            if status != 200:
                 return None
-            if r.status_code != 200:
-                raise self._refused(r, "/v1/models")
             try:
-                data = r.json().get("data", [])
-                return [str(m["id"]) for m in data]
-            except (ValueError, AttributeError, KeyError, TypeError) as e:
-                raise EndpointError(
-                    f"{self.config.url}/v1/models did not answer with an OpenAI model list"
-                ) from e
+                return schema.model_ids(body)
+            except schema.ShapeError as e:
+                raise BadReply(f"{where} did not answer with an OpenAI model list ({e})") from e
 
-        models, _ = await self._with_retries("/v1/models", once)
+        models, _ = await self._with_retries(path, "", once, self.config.request_s(None))
         return models
 
     async def resolve_model(self) -> str:
         """Check the configured model against the server's list, or pick the only one."""
         served = await self.list_models()
         wanted = self.config.model
+        url = self.config.url
         if served is None:
             if wanted is None:
                 raise EndpointError(
-                    f"{self.config.url} lists no models (no /v1/models): name one with "
-                    "--endpoint-model"
+                    f"{url} lists no models (no /v1/models): name one with --endpoint-model"
                 )
             self.model = wanted
             return wanted
         if wanted is not None:
             if wanted not in served:
                 raise EndpointError(
-                    f"{self.config.url} does not serve the model {wanted!r}; it serves: "
-                    + (", ".join(repr(m) for m in served) or "nothing")
+                    f"{url} does not serve the model {printable(repr(wanted), 200)}; it serves: "
+                    + (quoted_list(served) or "nothing")
                 )
             self.model = wanted
             return wanted
         if len(served) != 1:
             raise EndpointError(
-                f"{self.config.url} serves {len(served)} models ("
-                + ", ".join(repr(m) for m in served)
-                + "): choose one with --endpoint-model"
+                f"{url} serves {len(served):,} models ({quoted_list(served)}): choose one with "
+                "--endpoint-model"
             )
         self.model = served[0]
         return served[0]
@@ -306,34 +411,49 @@ class EndpointClient:
     async def tokenize(self, text: str) -> list[int] | None:
         """The token ids the server makes of ``text`` (vLLM's and llama.cpp's ``/tokenize``;
         special tokens added as a completion request adds them); None when there is no such
-        route or the answer has no token list. No retries."""
+        route, the request fails, or the answer has no token list (a wrong shape of one is an
+        EndpointError). No retries."""
         body: dict[str, Any] = {"prompt": text, "content": text}
         body |= {"add_special_tokens": True, "add_special": True}  # vLLM's, llama.cpp's name
         if self.model is not None:
             body["model"] = self.model
+        path = "/tokenize"
+        where = self.where(path)
+        limit = wire.BASE_BYTES + 16 * len(text.encode("utf-8"))  # an id per byte, at most
         try:
-            r = await self._http.post("/tokenize", json=body)
-        except httpx.TransportError:
+            async with asyncio.timeout(self.config.request_s(None)):
+                status, got = await self._get_json(
+                    self._shards[0], "POST", path, limit, where, json=body
+                )
+        except (httpx.TransportError, _Retry, TimeoutError):
             return None
-        if r.status_code != 200:
+        except BadReply:
+            raise
+        except EndpointError:
+            return None  # a refusal: no usable /tokenize
+        if status != 200:
             return None
         try:
-            toks = r.json().get("tokens")
-        except (ValueError, AttributeError):
-            return None
-        if not isinstance(toks, list) or not all(isinstance(t, int) for t in toks):
-            return None
-        return [int(t) for t in toks]
+            return schema.token_list(got)
+        except schema.ShapeError as e:
+            raise BadReply(f"{where} answered a token list of the wrong shape: {e}") from e
 
     async def scrape_metrics(self) -> dict[str, float] | None:
-        """``/metrics`` as name -> value, or None when the server has none (no retries)."""
+        """``/metrics`` as name -> value, or None when the server has none or the scrape
+        fails (no retries; bounded in time and size like every reply)."""
+        path = "/metrics"
+        where = self.where(path)
         try:
-            r = await self._http.get("/metrics")
-        except httpx.TransportError:
+            async with asyncio.timeout(self.config.request_s(None)):
+                async with self._shards[0].stream(
+                    "GET", path, extensions={"trace": self.in_flight.trace()}
+                ) as r:
+                    if r.status_code != 200:
+                        return None
+                    data = await wire.read_body(r, wire.LIST_BYTES, where)
+        except (httpx.TransportError, TimeoutError):
             return None
-        if r.status_code != 200:
-            return None
-        return parse_prometheus(r.text)
+        return parse_prometheus(data.decode("utf-8", errors="replace"))
 
     # -- generation ----------------------------------------------------------------------
     def body(self, req: Request) -> dict[str, Any]:
@@ -377,53 +497,63 @@ class EndpointClient:
         await self._limiter.wait()
         body = self.body(req)
         if req.stream:
-            return await self._streamed(body)
-        return await self._whole(body)
+            return await self._streamed(body, req)
+        return await self._whole(body, req)
 
-    async def _whole(self, body: dict[str, Any]) -> Reply:
-        async def once() -> tuple[dict[str, Any], float]:
+    def _shape(self, e: schema.ShapeError | schema.NoText, where: str) -> BadReply:
+        if isinstance(e, schema.NoText):
+            return BadReply(f"{where} {e}")
+        return BadReply(f"{where} answered a reply of the wrong shape: {e}")
+
+    async def _whole(self, body: dict[str, Any], req: Request) -> Reply:
+        where = self.where(self.path, req.label)
+        limit = req.reply_limit()
+
+        async def once(http: httpx.AsyncClient) -> tuple[Any, float]:
             t0 = time.monotonic()
-            r = await self._http.post(self.path, json=body)
-            elapsed = time.monotonic() - t0
-            if r.status_code in RETRY_STATUS:
-                raise _Retry(
-                    f"{self.config.url}{self.path}: HTTP {r.status_code} ({server_message(r)})",
-                    _retry_after(r),
-                )
-            if r.status_code != 200:
-                raise self._refused(r, self.path)
-            try:
-                obj = r.json()
-            except ValueError as e:
-                raise EndpointError(f"{self.config.url}{self.path} did not answer JSON") from e
-            return obj, elapsed
+            trace = {"trace": self.in_flight.trace()}
+            async with http.stream("POST", self.path, json=body, extensions=trace) as r:
+                if r.status_code in RETRY_STATUS:
+                    msg = server_message(await wire.read_prefix(r, wire.ERROR_BODY_BYTES), "")
+                    raise _Retry(f"{where}: HTTP {r.status_code} ({msg})", _retry_after(r))
+                if r.status_code != 200:
+                    err = await wire.read_prefix(r, wire.ERROR_BODY_BYTES)
+                    raise self._refused(r.status_code, err, r.reason_phrase, where)
+                data = await wire.read_body(r, limit, where)
+            return wire.decode_json(data, where), time.monotonic() - t0
 
-        (obj, elapsed), attempts = await self._with_retries(self.path, once)
-        choice = self._choice(obj)
-        text = self._text(choice, delta=False)
-        tokens, top = parse_logprobs(choice.get("logprobs"))
-        n_tokens, source = _usage_tokens(obj)
-        if n_tokens is None and tokens is not None:
-            n_tokens, source = len(tokens), "logprobs"
-        ids = token_ids_of(tokens) or logprob_ids(choice.get("logprobs"))
+        total = self.config.request_s(req.max_tokens)
+        (obj, elapsed), attempts = await self._with_retries(self.path, req.label, once, total)
+        try:
+            got = schema.completion(obj, self.config.api)
+            counters = counters_from_body(obj)
+        except (schema.ShapeError, schema.NoText) as e:
+            raise self._shape(e, where) from e
+        lp = got.logprobs
+        n_tokens, source = got.completion_tokens, "usage"
+        if n_tokens is None:
+            n_tokens, source = (len(lp.tokens), "logprobs") if lp is not None else (None, "none")
         return Reply(
-            text=text,
-            finish_reason=choice.get("finish_reason"),
+            text=got.text,
+            finish_reason=got.finish_reason,
             e2e_s=elapsed,
             ttft_s=None,
             n_tokens=n_tokens,
             tokens_source=source,
             n_chunks=0,
-            counters=counters_from_body(obj),
-            tokens=tokens,
-            top_logprobs=top,
+            counters=counters,
+            tokens=lp.tokens if lp is not None else None,
+            top_logprobs=lp.top if lp is not None else None,
             attempts=attempts,
-            token_ids=ids,
-            prompt_logprobs=parse_prompt_logprobs(choice.get("prompt_logprobs")),
+            token_ids=lp.ids if lp is not None else None,
+            prompt_logprobs=got.prompt_logprobs,
         )
 
-    async def _streamed(self, body: dict[str, Any]) -> Reply:
-        async def once() -> Reply:
+    async def _streamed(self, body: dict[str, Any], req: Request) -> Reply:
+        where = self.where(self.path, req.label)
+        limit = req.reply_limit()
+
+        async def once(http: httpx.AsyncClient) -> Reply:
             t0 = time.monotonic()
             pieces: list[str] = []
             ttft: float | None = None
@@ -431,31 +561,27 @@ class EndpointClient:
             n_tokens: int | None = None
             source = "chunks"
             counters: SpecCounters | None = None
-            async with self._http.stream("POST", self.path, json=body) as r:
+            trace = {"trace": self.in_flight.trace()}
+            async with http.stream("POST", self.path, json=body, extensions=trace) as r:
                 if r.status_code in RETRY_STATUS:
-                    await r.aread()
-                    raise _Retry(
-                        f"{self.config.url}{self.path}: HTTP {r.status_code}", _retry_after(r)
-                    )
+                    raise _Retry(f"{where}: HTTP {r.status_code}", _retry_after(r))
                 if r.status_code != 200:
-                    await r.aread()
-                    raise self._refused(r, self.path)
-                async for obj in _sse_objects(r.aiter_lines(), f"{self.config.url}{self.path}"):
-                    found = counters_from_body(obj)
+                    err = await wire.read_prefix(r, wire.ERROR_BODY_BYTES)
+                    raise self._refused(r.status_code, err, r.reason_phrase, where)
+                async for obj in _sse_objects(wire.sse_lines(r, limit, where), where):
+                    try:
+                        part = schema.chunk(obj, self.config.api)
+                        found = counters_from_body(obj)
+                    except schema.ShapeError as e:
+                        raise self._shape(e, where) from e
                     counters = found or counters
-                    used, how = _usage_tokens(obj)
-                    if used is not None:
-                        n_tokens, source = used, how
-                    choices = obj.get("choices") or []
-                    if not choices:
-                        continue
-                    choice = choices[0]
-                    piece = self._text(choice, delta=True)
-                    if piece:
+                    if part.completion_tokens is not None:
+                        n_tokens, source = part.completion_tokens, "usage"
+                    if part.piece:
                         if ttft is None:
                             ttft = time.monotonic() - t0
-                        pieces.append(piece)
-                    finish = choice.get("finish_reason") or finish
+                        pieces.append(part.piece)
+                    finish = part.finish_reason or finish
             e2e = time.monotonic() - t0
             if n_tokens is None:
                 n_tokens = len(pieces)
@@ -470,36 +596,15 @@ class EndpointClient:
                 counters=counters,
             )
 
-        reply, attempts = await self._with_retries(self.path, once)
+        total = self.config.request_s(req.max_tokens)
+        reply, attempts = await self._with_retries(self.path, req.label, once, total)
         assert isinstance(reply, Reply)
         return Reply(**{**reply.__dict__, "attempts": attempts})
 
-    def _choice(self, obj: Any) -> dict[str, Any]:
-        choices = obj.get("choices") if isinstance(obj, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise EndpointError(
-                f"{self.config.url}{self.path} answered without choices: not an OpenAI API?"
-            )
-        return choices[0]
 
-    def _text(self, choice: Mapping[str, Any], *, delta: bool) -> str:
-        if self.config.api == "chat":
-            part = choice.get("delta" if delta else "message") or {}
-            content = part.get("content") if isinstance(part, Mapping) else None
-        else:
-            content = choice.get("text")
-        if content is None:
-            if delta:
-                return ""
-            raise EndpointError(
-                f"{self.config.url}{self.path} answered without text "
-                f"({'message.content' if self.config.api == 'chat' else 'choices[0].text'})"
-            )
-        return str(content)
-
-
-async def _sse_objects(lines: AsyncIterator[str], where: str) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of an OpenAI server-sent event stream, up to ``[DONE]``."""
+async def _sse_objects(lines: Any, where: str) -> Any:
+    """The JSON values of an OpenAI server-sent event stream, up to ``[DONE]``; comment and
+    other field lines are skipped (their bytes still count against the reply's bound)."""
     async for line in lines:
         if not line.startswith("data:"):
             continue
@@ -507,97 +612,15 @@ async def _sse_objects(lines: AsyncIterator[str], where: str) -> AsyncIterator[d
         if payload == "[DONE]":
             return
         try:
-            obj = json.loads(payload)
-        except ValueError as e:
-            raise EndpointError(f"{where} streamed something that is not JSON") from e
-        if isinstance(obj, dict) and "error" in obj:
-            err = obj["error"]
-            msg = err.get("message") if isinstance(err, dict) else err
+            obj = jsonbound.loads(payload)
+        except jsonbound.JsonError as e:
+            raise BadReply(f"{where} streamed something that is not JSON ({e})") from e
+        msg = schema.stream_error(obj)
+        if msg is not None:
             raise EndpointError(f"{where} failed mid-stream: {msg}")
-        if isinstance(obj, dict):
-            yield obj
-
-
-def _usage_tokens(obj: Mapping[str, Any]) -> tuple[int | None, str]:
-    usage = obj.get("usage")
-    if isinstance(usage, Mapping) and isinstance(usage.get("completion_tokens"), int):
-        return int(usage["completion_tokens"]), "usage"
-    return None, "none"
-
-
-def parse_logprobs(
-    block: Any,
-) -> tuple[tuple[str, ...] | None, tuple[Mapping[str, float], ...] | None]:
-    """(token texts, top logprobs per token) from a completions ``logprobs`` block
-    (``tokens`` / ``top_logprobs``) or a chat one (``content[{token, top_logprobs}]``)."""
-    if not isinstance(block, Mapping):
-        return None, None
-    if isinstance(block.get("content"), list):
-        toks: list[str] = []
-        tops: list[Mapping[str, float]] = []
-        for item in block["content"]:
-            if not isinstance(item, Mapping):
-                return None, None
-            toks.append(str(item.get("token", "")))
-            row = {
-                str(t.get("token")): float(t.get("logprob")) for t in item.get("top_logprobs") or []
-            }
-            tops.append(row)
-        return tuple(toks), tuple(tops)
-    tokens = block.get("tokens")
-    if not isinstance(tokens, list):
-        return None, None
-    raw = block.get("top_logprobs") or [None] * len(tokens)
-    rows = tuple({str(k): float(v) for k, v in (r or {}).items()} for r in raw)
-    return tuple(str(t) for t in tokens), rows
+        yield obj
 
 
 def token_ids_of(tokens: Sequence[str] | None) -> tuple[int, ...] | None:
-    """Token ids from tokens written as ``token_id:N`` (vLLM's ``return_tokens_as_token_ids``);
-    None unless every token is written so."""
-    if not tokens:
-        return None
-    out = []
-    for t in tokens:
-        if not t.startswith(TOKEN_ID_PREFIX) or not t[len(TOKEN_ID_PREFIX) :].isdigit():
-            return None
-        out.append(int(t[len(TOKEN_ID_PREFIX) :]))
-    return tuple(out)
-
-
-def parse_prompt_logprobs(block: Any) -> tuple[PromptRow | None, ...] | None:
-    """vLLM's ``prompt_logprobs``: one entry per prompt token, None for the first, else
-    ``{"<id>": {"logprob": x, "rank": r, ...}}``; None when absent or malformed."""
-    if not isinstance(block, list):
-        return None
-    rows: list[PromptRow | None] = []
-    for entry in block:
-        if entry is None:
-            rows.append(None)
-            continue
-        if not isinstance(entry, Mapping):
-            return None
-        row: dict[int, tuple[float, int]] = {}
-        for key, val in entry.items():
-            try:
-                tid = int(str(key).removeprefix(TOKEN_ID_PREFIX))
-                if isinstance(val, Mapping):
-                    lp, rank = float(val["logprob"]), int(val.get("rank") or 0)
-                else:  # a bare logprob: no rank
-                    lp, rank = float(val), 0
-            except (KeyError, TypeError, ValueError):
-                return None
-            row[tid] = (lp, rank)
-        rows.append(row)
-    return tuple(rows)
-
-
-def logprob_ids(block: Any) -> tuple[int, ...] | None:
-    """Token ids from a chat-style logprobs block whose items carry ``id`` (llama-server)."""
-    content = block.get("content") if isinstance(block, Mapping) else None
-    if not isinstance(content, list) or not content:
-        return None
-    ids = [item.get("id") if isinstance(item, Mapping) else None for item in content]
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        return None
-    return tuple(int(i) for i in ids)  # type: ignore[arg-type]
+    """Token ids from tokens written as ``token_id:N``; None unless every token is."""
+    return schema.token_ids_of(tokens) if tokens else None

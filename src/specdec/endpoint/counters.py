@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.endpoint.schema import ShapeError, count
+
 METRIC_PAIRS: tuple[tuple[str, str], ...] = (
     ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"),
     ("specdec_drafted_tokens_total", "specdec_accepted_tokens_total"),
@@ -36,28 +38,30 @@ class SpecCounters:
         return self.accepted / self.drafted if self.drafted else math.nan
 
 
-def _int(x: Any) -> int | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-        return None
-    return int(x)
+def _pair(block: Mapping[str, Any], names: tuple[str, str], path: str, source: str) -> SpecCounters:
+    """The checked counts ``block[names[0]]`` (drafted, present) and ``block[names[1]]``
+    (accepted, 0 when absent): integers >= 0, accepted <= drafted."""
+    d = count(block.get(names[0]), f"{path}.{names[0]}") or 0
+    a = count(block.get(names[1]), f"{path}.{names[1]}") or 0
+    if a > d:
+        raise ShapeError(f"{path}.{names[1]}", f"is {a}, more than the {d} drafted tokens")
+    return SpecCounters(d, a, source)
 
 
 def counters_from_body(body: Mapping[str, Any]) -> SpecCounters | None:
-    """The speculative counters of one response (or final stream chunk), None when absent."""
+    """The speculative counters of one response (or final stream chunk), None when absent;
+    a ShapeError when present with the wrong type (a count that is not an integer >= 0)."""
     timings = body.get("timings")
-    if isinstance(timings, Mapping) and _int(timings.get("draft_n")) is not None:
-        drafted = _int(timings.get("draft_n")) or 0
-        return SpecCounters(drafted, _int(timings.get("draft_n_accepted")) or 0, "timings")
+    if isinstance(timings, Mapping) and timings.get("draft_n") is not None:
+        return _pair(timings, ("draft_n", "draft_n_accepted"), "timings", "timings")
     usage = body.get("usage")
-    if isinstance(usage, Mapping) and _int(usage.get("drafted_tokens")) is not None:
-        drafted = _int(usage.get("drafted_tokens")) or 0
-        return SpecCounters(drafted, _int(usage.get("accepted_tokens")) or 0, "usage")
+    if isinstance(usage, Mapping) and usage.get("drafted_tokens") is not None:
+        return _pair(usage, ("drafted_tokens", "accepted_tokens"), "usage", "usage")
     metrics = body.get("metrics")
     spec = metrics.get("speculative_decoding") if isinstance(metrics, Mapping) else None
-    if isinstance(spec, Mapping) and _int(spec.get("num_draft_tokens")) is not None:
-        drafted = _int(spec.get("num_draft_tokens")) or 0
-        accepted = _int(spec.get("num_accepted_draft_tokens")) or 0
-        return SpecCounters(drafted, accepted, "vllm-metrics")
+    if isinstance(spec, Mapping) and spec.get("num_draft_tokens") is not None:
+        names = ("num_draft_tokens", "num_accepted_draft_tokens")
+        return _pair(spec, names, "metrics.speculative_decoding", "vllm-metrics")
     return None
 
 
@@ -90,6 +94,8 @@ def metrics_counters(
         if drafted_name in after:
             drafted = after[drafted_name] - before.get(drafted_name, 0.0)
             accepted = after.get(accepted_name, 0.0) - before.get(accepted_name, 0.0)
+            if not 0 <= accepted <= drafted:  # a counter reset (a restart), or nonsense
+                return None
             return SpecCounters(round(drafted), round(accepted), "metrics-endpoint")
     return None
 

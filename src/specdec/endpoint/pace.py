@@ -28,12 +28,14 @@ class Pace:
     retries: dict[str, int] = field(default_factory=lambda: {"on": 0, "off": 0})
     reused: int = 0  # replies read back from the progress file (--resume)
     slow_note: str | None = None
+    current: str | None = None  # the phase running now
     _t0: float = field(default_factory=time.monotonic)
     _last_report: float = 0.0
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         t = time.monotonic()
+        self.current = name
         try:
             yield
         finally:

@@ -73,7 +73,7 @@ class SwitchCheck:
 async def probe_switch(on: EndpointClient, off: EndpointClient, switch: str) -> SwitchCheck:
     """One short greedy request on each side; with the per-request switch, an error unless
     the counters show that the spec-off request drafted nothing."""
-    req = Request(PROBE_PROMPT, max_tokens=16, temperature=0.0, seed=0, stream=True)
+    req = Request(PROBE_PROMPT, 16, temperature=0.0, seed=0, stream=True, label="switch probe")
     r_on = await on.generate(req)
     r_off = await off.generate(req)
     notes: list[str] = []
@@ -113,10 +113,15 @@ def check_off_reply(reply: Reply, sides: Sides) -> None:
         )
 
 
-def open_clients(sides: Sides, rng: random.Random) -> tuple[EndpointClient, EndpointClient]:
-    """Clients for the two sides sharing one rate bound (``max_rps`` counts both sides)."""
+def open_clients(
+    sides: Sides, rng: random.Random, *, connections: int = 1
+) -> tuple[EndpointClient, EndpointClient]:
+    """Clients for the two sides sharing one rate bound (``max_rps`` counts both sides), each
+    with a pool of ``connections`` (the requests it will have in flight at once)."""
     limiter = RateLimiter(sides.on.max_rps)
     return (
-        EndpointClient(sides.on, rng=rng, limiter=limiter),
-        EndpointClient(sides.off, rng=rng, limiter=limiter),
+        EndpointClient(sides.on, rng=rng, limiter=limiter, connections=connections, name="spec-on"),
+        EndpointClient(
+            sides.off, rng=rng, limiter=limiter, connections=connections, name="spec-off"
+        ),
     )

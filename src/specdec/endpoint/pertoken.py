@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from specdec.endpoint.client import EndpointClient, PromptRow, Request
-from specdec.endpoint.errors import EndpointError
+from specdec.endpoint.errors import BadReply, EndpointError
 
 TOKEN_IDS: Mapping[str, Any] = MappingProxyType({"return_tokens_as_token_ids": True})
 DEFAULT_TOP = 20  # vLLM's default --max-logprobs
@@ -45,7 +45,9 @@ DEFAULT_TOP = 20  # vLLM's default --max-logprobs
 ALTERNATIVES = ("shift-half", "tail-5%", "bump-10%")
 
 
-def scoring_request(prompt_ids: Sequence[int], completion: Sequence[int], top: int) -> Request:
+def scoring_request(
+    prompt_ids: Sequence[int], completion: Sequence[int], top: int, *, label: str = "scoring"
+) -> Request:
     """The spec-off request that returns the rows of every position of P + c."""
     return Request(
         tuple(prompt_ids) + tuple(completion),
@@ -54,6 +56,7 @@ def scoring_request(prompt_ids: Sequence[int], completion: Sequence[int], top: i
         seed=0,
         stream=False,
         extra={"prompt_logprobs": top},
+        label=label,
     )
 
 
@@ -68,14 +71,29 @@ async def probe_pertoken(on: EndpointClient, off: EndpointClient, top: int) -> s
         return f"{off.config.url} has no /tokenize route that returns token ids"
     try:
         r_on = await on.generate(
-            Request("Hello", 2, temperature=1.0, seed=1, logprobs=1, stream=False, extra=TOKEN_IDS)
+            Request(
+                "Hello",
+                2,
+                temperature=1.0,
+                seed=1,
+                logprobs=1,
+                stream=False,
+                extra=TOKEN_IDS,
+                label="per-token probe",
+            )
         )
+    except BadReply:
+        raise
     except EndpointError as e:
         return f"the spec-on server refused a request for token ids ({e})"
     if not r_on.token_ids:
         return f"{on.config.url} returns no token ids (return_tokens_as_token_ids)"
     try:
-        r_off = await off.generate(scoring_request(ids, r_on.token_ids, top))
+        r_off = await off.generate(
+            scoring_request(ids, r_on.token_ids, top, label="per-token probe")
+        )
+    except BadReply:
+        raise
     except EndpointError as e:
         return f"the spec-off server refused a prompt_logprobs request ({e})"
     rows = r_off.prompt_logprobs

@@ -3,32 +3,80 @@
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec.errors import ConfigError
-from specdec.textfiles import loads_or_none, require_regular
+from specdec.textfiles import loads_or_none, read_bytes
 
 GroupKey = tuple[str, int, int, int, str]  # (mode, concurrency, repeat, group, side)
 
 
+MAX_RESULTS_BYTES = 1 << 30  # a results file (a long sweep writes a few MB)
+
+
 def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Every complete JSON object line of a results file (a partial last line is ignored)."""
+    """Every readable record of a results file: complete JSON object lines (a partial last
+    line is ignored, JSON nested too deeply is unreadable) whose fields the report and
+    ``--resume`` use have their types (``record_ok``); other lines are left out."""
     p = Path(path)
-    require_regular(p, "results file")  # a FIFO or /dev/zero: an error, not a hang
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise ConfigError(f"cannot read results file {p}: {e.strerror or e}") from e
+    data = read_bytes(p, "results file", MAX_RESULTS_BYTES)  # a FIFO: an error, not a hang
     out = []
-    for line in text.splitlines():
-        rec = loads_or_none(line)  # deeply nested JSON included
-        if isinstance(rec, dict):
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        rec = loads_or_none(line)
+        if isinstance(rec, dict) and record_ok(rec):
             out.append(rec)
     return out
+
+
+def _int(x: Any, low: int = 0) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and low <= x < 1 << 53
+
+
+def _num(x: Any, *, optional: bool = False) -> bool:
+    if x is None:
+        return optional
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _key_ok(rec: dict[str, Any]) -> bool:
+    return (
+        isinstance(rec.get("mode"), str)
+        and _int(rec.get("concurrency"), 1)
+        and _int(rec.get("repeat"))
+        and _int(rec.get("group"))
+        and rec.get("side") in ("on", "off")
+    )
+
+
+def record_ok(rec: dict[str, Any]) -> bool:
+    """Whether an ``endpoint_request`` or ``endpoint_group`` record has the types the report
+    and ``--resume`` read (other records pass: their readers use ``.get`` with checks)."""
+    kind = rec.get("type")
+    if kind == "endpoint_request":
+        counts = (rec.get("drafted"), rec.get("accepted"))
+        return (
+            _key_ok(rec)
+            and _int(rec.get("slot"))
+            and _num(rec.get("e2e_s"))
+            and _num(rec.get("ttft_s"), optional=True)
+            and _num(rec.get("decode_tps"), optional=True)
+            and all(c is None or _int(c) for c in counts)
+        )
+    if kind == "endpoint_group":
+        counts = (rec.get("metrics_drafted"), rec.get("metrics_accepted"))
+        return (
+            _key_ok(rec)
+            and _num(rec.get("wall_s"))
+            and _int(rec.get("n_tokens"))
+            and all(c is None or _int(c) for c in counts)
+            and (rec.get("peak_in_flight") is None or _int(rec.get("peak_in_flight")))
+            and _num(rec.get("mean_in_flight"), optional=True)
+        )
+    return True
 
 
 def group_key(rec: dict[str, Any]) -> GroupKey:

@@ -20,6 +20,7 @@ from typing import Any
 
 from specdec.endpoint.records import GroupKey, group_key, read_records
 from specdec.errors import ConfigError
+from specdec.printable import printable
 
 Level = tuple[str, int]  # (mode, concurrency)
 
@@ -33,6 +34,9 @@ class SideSummary:
     throughput_tps: float
     acceptance: float  # accepted / drafted as reported (nan when not reported)
     drafted: int | None
+    # requests on the wire at once, measured at the client (None: a file from before that)
+    peak_in_flight: int | None = None
+    mean_in_flight: float | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,14 @@ def _side(reqs: list[dict[str, Any]], groups: list[dict[str, Any]]) -> SideSumma
     acc = sum(accepted) / total_d if total_d else math.nan
     wall = sum(g["wall_s"] for g in groups)
     tokens = sum(g["n_tokens"] for g in groups)
+    sent = [g for g in groups if g.get("peak_in_flight") is not None]
+    sent_wall = sum(g["wall_s"] for g in sent)
+    mean_sent = (
+        sum(g["mean_in_flight"] * g["wall_s"] for g in sent if g.get("mean_in_flight") is not None)
+        / sent_wall
+        if sent and sent_wall > 0
+        else None
+    )
     return SideSummary(
         n_requests=len(reqs),
         ttft_ms=1000 * _median([r.get("ttft_s") for r in reqs]),
@@ -84,6 +96,8 @@ def _side(reqs: list[dict[str, Any]], groups: list[dict[str, Any]]) -> SideSumma
         throughput_tps=tokens / wall if wall > 0 else math.nan,
         acceptance=acc,
         drafted=total_d,
+        peak_in_flight=max(g["peak_in_flight"] for g in sent) if sent else None,
+        mean_in_flight=mean_sent,
     )
 
 
@@ -141,6 +155,36 @@ def _f(x: float | int | None, digits: int = 1) -> str:
     return f"{x:.{digits}f}"
 
 
+def _shown(x: Any) -> str:
+    """A header field from the results file, printable and bounded (it may hold anything)."""
+    return printable(x if x is not None else "n/a", 200)
+
+
+def _fields(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _in_flight(side: SideSummary) -> str:
+    if side.peak_in_flight is None:
+        return "n/a"
+    return f"{side.peak_in_flight} / {_f(side.mean_in_flight)}"
+
+
+def short_of_concurrency(rows: Sequence[LevelSummary]) -> list[str]:
+    """A line for each level whose client had fewer requests on the wire at once than the
+    clients asked for (the achieved figure is the one to read)."""
+    out = []
+    for s in rows:
+        for name, side in (("spec-on", s.on), ("spec-off", s.off)):
+            if side.peak_in_flight is not None and side.peak_in_flight < s.concurrency:
+                out.append(
+                    f"At {s.concurrency} clients ({name}) at most {side.peak_in_flight} requests "
+                    "were on the wire at once, measured at the client: the level measured that "
+                    "concurrency, not the one asked for."
+                )
+    return ["", *out] if out else []
+
+
 def render(records: Sequence[dict[str, Any]], plot_name: str | None = None) -> str:
     headers = [r for r in records if r.get("type") == "endpoint_header"]
     if not headers:
@@ -148,35 +192,41 @@ def render(records: Sequence[dict[str, Any]], plot_name: str | None = None) -> s
     h = headers[-1]
     levels = summarise(records)
     lines = ["# Endpoint benchmark: speculation on vs off", ""]
-    lines.append(f"- model: `{h.get('model')}` ({h.get('api')} API)")
+    lines.append(f"- model: `{_shown(h.get('model'))}` ({_shown(h.get('api'))} API)")
     if h.get("switch") == "per-request":
-        lines.append(f"- server: {h.get('endpoint_on')}; spec-off requests send n_max = 0")
+        lines.append(f"- server: {_shown(h.get('endpoint_on'))}; spec-off requests send n_max = 0")
     else:
-        lines.append(f"- spec-on: {h.get('endpoint_on')}; spec-off: {h.get('endpoint_off')}")
-    plan = h.get("plan", {})
+        on, off = _shown(h.get("endpoint_on")), _shown(h.get("endpoint_off"))
+        lines.append(f"- spec-on: {on}; spec-off: {off}")
+    plan = _fields(h.get("plan"))
+    prompt_ids = plan.get("prompt_ids")
+    conc = plan.get("concurrency")
     lines.append(
-        f"- {len(plan.get('prompt_ids', []))} prompts, {plan.get('max_new_tokens')} new tokens, "
-        f"{plan.get('repeats')} repeat(s), seed {plan.get('seed')}; concurrency "
-        f"{', '.join(map(str, plan.get('concurrency', [])))}"
+        f"- {len(prompt_ids) if isinstance(prompt_ids, list) else '?'} prompts, "
+        f"{_shown(plan.get('max_new_tokens'))} new tokens, {_shown(plan.get('repeats'))} "
+        f"repeat(s), seed {_shown(plan.get('seed'))}; concurrency "
+        f"{_shown(', '.join(map(str, conc)) if isinstance(conc, list) else conc)}"
     )
-    for note in h.get("probe", {}).get("notes", []):
-        lines.append(f"- note: {note}")
+    notes = _fields(h.get("probe")).get("notes")
+    for note in notes if isinstance(notes, list) else []:
+        lines.append(f"- note: {_shown(note)}")
     lines.append("")
     for mode in dict.fromkeys(s.mode for s in levels):
         lines += [f"## {mode}", ""]
         lines.append(
-            "| clients | side | requests | TTFT ms (median) | decode tok/s (median) | "
-            "e2e s (median) | throughput tok/s | acceptance |"
+            "| clients | in flight (peak / mean) | side | requests | TTFT ms (median) | "
+            "decode tok/s (median) | e2e s (median) | throughput tok/s | acceptance |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         rows = [s for s in levels if s.mode == mode]
         for s in rows:
             for name, side in (("on", s.on), ("off", s.off)):
                 lines.append(
-                    f"| {s.concurrency} | {name} | {side.n_requests} | {_f(side.ttft_ms)} | "
-                    f"{_f(side.decode_tps)} | {_f(side.e2e_s, 3)} | {_f(side.throughput_tps)} | "
-                    f"{_f(side.acceptance, 3)} |"
+                    f"| {s.concurrency} | {_in_flight(side)} | {name} | {side.n_requests} | "
+                    f"{_f(side.ttft_ms)} | {_f(side.decode_tps)} | {_f(side.e2e_s, 3)} | "
+                    f"{_f(side.throughput_tps)} | {_f(side.acceptance, 3)} |"
                 )
+        lines += short_of_concurrency(rows)
         lines += ["", "| clients | throughput on/off | e2e speedup (paired, geomean) | pairs |"]
         lines.append("|---|---|---|---|")
         for s in rows:
@@ -202,7 +252,9 @@ def render(records: Sequence[dict[str, Any]], plot_name: str | None = None) -> s
         "round) puts several in the first one, which inflates decode tok/s of short "
         "generations; TTFT, e2e and throughput are not affected. Acceptance "
         "is accepted / drafted draft tokens as the server reported them (per response, or "
-        "from /metrics around each group)."
+        "from /metrics around each group). In flight: requests on the wire at once, counted "
+        "at the client from a request's first byte out to its close (peak, and the mean over "
+        "the groups' time); a request waiting for a connection is not counted."
     )
     return "\n".join(lines) + "\n"
 

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from specdec.api import Completion, Pair
+from specdec.credentials import check_api_key
 from specdec.decoding import GenerationResult
 from specdec.errors import SpecdecError
 from specdec.models.base import CausalLM
@@ -79,6 +80,11 @@ class ServeConfig:
     api_key: str | None = None
     max_queue: int = 16
     max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout_s: float = 30.0  # the whole request body must arrive within this (else 408)
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None:
+            check_api_key(self.api_key)  # a key no client could send is refused at start
 
 
 @dataclass
@@ -175,7 +181,9 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
     def record(path: str, status: int) -> None:
         state.metrics.request(path if path in ENDPOINTS else "other", status)
 
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=config.max_body_bytes, max_seconds=config.body_timeout_s
+    )
     app.add_middleware(CountRequests, record=record)
     return app
 

@@ -1,13 +1,16 @@
 """Pure ASGI middleware (no BaseHTTPMiddleware: it would break streaming and disconnects).
 
 ``BodyLimit`` reads a request body up to ``max_bytes`` and answers 413 beyond it (whether the
-client announced the size or not), then replays the body to the app; later ``receive`` calls
-go to the server, so disconnects are still seen. ``CountRequests`` records every answer's
+client announced the size or not), and 408 when the whole body has not arrived within
+``max_seconds`` (a client that trickles its body, or stops half-way, held the connection
+and its task forever), then replays the body to the app; later ``receive`` calls go to the
+server, so disconnects are still seen. ``CountRequests`` records every answer's
 status per endpoint in the server metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -36,9 +39,10 @@ async def _send_error(send: Send, status: int, message: str, code: str) -> None:
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, max_seconds: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_seconds = max_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -51,18 +55,24 @@ class BodyLimit:
             return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await _send_error(send, 413, too_big, "request_too_large")
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.max_seconds):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        await _send_error(send, 413, too_big, "request_too_large")
+                        return
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            slow = f"the request body did not arrive within {self.max_seconds:g} s"
+            await _send_error(send, 408, slow, "request_timeout")
+            return
         replayed = False
 
         async def replay() -> Message:
