@@ -154,7 +154,14 @@ def _verdict_line(v: dict[str, Any]) -> str:
 
 
 def format_report(r: dict[str, Any]) -> str:
-    """The one-screen text of ``gather``'s dict."""
+    """The one-screen text of ``gather``'s dict (every line escaped: cached verdicts and
+    llama.cpp's own strings are read from files)."""
+    from specdec.printable import printable
+
+    return "\n".join(printable(line) for line in _lines(r))
+
+
+def _lines(r: dict[str, Any]) -> list[str]:
     m = r["machine"]
     lines = [
         f"specdec {r['specdec']} doctor: paste this into a bug report",
@@ -210,4 +217,4 @@ def format_report(r: dict[str, Any]) -> str:
     else:
         prof_text = prof or "no profile of the default target yet (specdec profile)"
     lines.append(f"profiles    {pr['cached']} cached in {pr['dir']}; {prof_text}")
-    return "\n".join(lines)
+    return lines

@@ -267,8 +267,10 @@ def _probe(
             name = f"signal {-done.returncode}"
         return "signal", name, seconds
     if done.returncode != 0 or not out.is_file():
-        last = (done.stderr.strip().splitlines() or ["no message"])[-1][:200]
-        return "exit", f"exit {done.returncode}: {last}", seconds
+        from specdec.printable import printable
+
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return "exit", f"exit {done.returncode}: {printable(last, 200)}", seconds
     return "ok", "", seconds
 
 
