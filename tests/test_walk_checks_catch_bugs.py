@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from specdec import rejection
 from specdec.rejection import RandomSource, walk
@@ -35,12 +36,16 @@ def no_bonus(p, q, drafts, rng: RandomSource):  # type: ignore[no-untyped-def]
 
 
 def accept_ratio_inverted(p, q, drafts, rng: RandomSource):  # type: ignore[no-untyped-def]
-    orig = rejection.acceptance_probability
-    rejection.acceptance_probability = lambda px, qx: min(1.0, qx / px) if px > 0 else 0.0
+    orig = rejection.acceptance_probabilities
+
+    def inverted(px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
+        return torch.where(px > 0, (qx / px.clamp(min=1e-300)).clamp(max=1.0), 0.0)
+
+    rejection.acceptance_probabilities = inverted
     try:
         return walk(p, q, drafts, rng)
     finally:
-        rejection.acceptance_probability = orig
+        rejection.acceptance_probabilities = orig
 
 
 BROKEN = [residual_is_p, always_accept, no_bonus, accept_ratio_inverted]
