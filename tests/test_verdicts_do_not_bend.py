@@ -113,11 +113,11 @@ def _wrong_rows_divergence(not_token: int | None = None) -> tuple[object, ...]:
     from specdec.certify.mock_level import mock_prompts
     from specdec.decoding import generate
     from specdec.models.loader import ModelConfig, load_model
-    from specdec.sampling import SamplingConfig
+    from specdec.sampling import SamplingConfig, make_generator
 
     draft = load_model(ModelConfig("mock:close:32"))
     target = WrongRowsLM(load_model(ModelConfig("mock:target:32")))
-    for ids in mock_prompts(7, 6, 32):
+    for ids in mock_prompts(make_generator(7), 6, 32):
         spec = generate(target, draft, ids, max_new_tokens=16, k=3, sampling=SamplingConfig())
         plain = generate(target, None, ids, max_new_tokens=16, k=0, sampling=SamplingConfig())
         for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens, strict=False)):
@@ -205,6 +205,7 @@ def test_the_probe_keeps_a_nan_wherever_it_comes() -> None:
 def _scores(tvs: Sequence[float], replay: float | None = 0.0) -> object:
     from specdec.certify.pertoken import SequenceScore
     from specdec.certify.real import Level3Config, summarize_scores
+    from specdec.certify.seeds import SeedPlan
 
     rng = np.random.default_rng(0)
     seqs = [
@@ -219,7 +220,7 @@ def _scores(tvs: Sequence[float], replay: float | None = 0.0) -> object:
         )
         for tv in tvs
     ]
-    return summarize_scores(seqs, Level3Config(), "-P")
+    return summarize_scores(seqs, Level3Config(), "-P", SeedPlan(0))
 
 
 def test_one_plain_sequence_bounds_nothing() -> None:
