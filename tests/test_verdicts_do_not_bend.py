@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
+from specdec.certify.stats.multiple import holm_adjust
 from specdec.endpoint.certify import compare_greedy, joint_holm
 from specdec.endpoint.client import Reply
-from specdec.stats import holm_adjust
 
 TIE = 0.1  # --tie-gap, fixed before any of these replies
 
@@ -195,7 +195,7 @@ def test_a_nan_rollback_error_fails_the_level() -> None:
 
 
 def test_the_probe_keeps_a_nan_wherever_it_comes() -> None:
-    from specdec.stats import worst
+    from specdec.certify.common import worst
 
     assert math.isnan(worst([0.0, 0.5, math.nan])) and math.isnan(worst([math.nan, 0.5]))
     assert max(0.5, math.nan) == 0.5  # what the probe used to aggregate with

@@ -32,12 +32,14 @@ from specdec.drafters.prediction import PredictionDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.models.mock import MockLM, mock_pair
 from specdec.sampling import SamplingConfig, logits_to_probs
-from specdec.stats import chisquare_gof
 from specdec.theory import Costs
 
-from .common import FAIL, PASS, TestRecord, apply_holm, fmt
+from .common import FAIL, PASS, fmt
 from .progress import ProgressLog, revive
 from .seeds import SeedPlan
+from .stats.chisquare import chisquare_gof
+from .stats.family import TestRecord, apply_holm
+from .stats.thresholds import ALPHA, POWER
 
 
 # ------------------------------------------------------------------ exact distributions
@@ -160,8 +162,8 @@ class Level2Config:
     setups: tuple[SampledSetup, ...] = DEFAULT_SETUPS
     windows: tuple[tuple[int, int], ...] = ((1, 2), (6, 1))  # (start position, length)
     sequences: int = 1500
-    alpha: float = 0.01
-    power: float = 0.8
+    alpha: float = ALPHA
+    power: float = POWER
     seed: int = 0
 
 

@@ -10,7 +10,7 @@ target's next-token row for every emitted position is obtained two ways:
     decoding the full replay (``replay_rows``: prefill, then each round's pass over [last,
     accepted drafts, filler] with the run's rollbacks) is computed too and must reproduce
     the recorded rows bit for bit. Under a correct walk x_t is distributed as its row given
-    everything before it (module ``pit``), so the PIT values must be uniform whatever the
+    everything before it (module ``stats.pit``), so the PIT values must be uniform whatever the
     backend's batch-shape numerics.
 (b) plain one-token-per-pass scoring (``plain_rows``): the rows plain decoding samples from.
     The PIT test against them shows whether the user sees plain decoding's distribution; the
@@ -37,9 +37,7 @@ from specdec.models.base import CausalLM, extend_last
 from specdec.models.wrapped import WrappedLM
 from specdec.sampling import SamplingConfig, logits_to_probs
 
-from .pit import draw_v, order_keys, pit_values
-
-PIT_CHUNK = 16  # rows per PIT computation (bounds memory at [16, V] float64 temporaries)
+from .stats.pit import draw_v, pit_in_chunks
 
 
 def _prefill(model: CausalLM, prompt: Sequence[int]) -> list[int]:
@@ -168,17 +166,6 @@ class SequenceScore:
         return asdict(self)
 
 
-def _pit(
-    p: torch.Tensor, tokens: torch.Tensor, v: torch.Tensor, q: torch.Tensor | None
-) -> list[float]:
-    out: list[float] = []
-    for i in range(0, p.shape[0], PIT_CHUNK):
-        sl = slice(i, i + PIT_CHUNK)
-        keys = order_keys(p[sl], None if q is None else q[sl])  # [c, V]
-        out.extend(float(x) for x in pit_values(p[sl], tokens[sl], v[sl], keys))
-    return out
-
-
 def score_sequence(
     target: CausalLM,
     draft: CausalLM | Drafter,
@@ -215,14 +202,14 @@ def score_sequence(
     p_a = logits_to_probs(rows_run, sampling)  # [n, V]
     q = None if order_rows is None else logits_to_probs(order_rows, sampling)  # [n, V]
     v = draw_v(n, pit_generator)  # [n]
-    u_a = _pit(p_a, tok, v, q)
+    u_a = pit_in_chunks(p_a, tok, v, q)
     u_b: list[float] | None = None
     tv: float | None = None
     replay_diff: float | None = None
     if replayed is not None and plain is not None:
         replay_diff = float((replayed - rows_run).abs().max())
         p_b = logits_to_probs(plain, sampling)  # [n, V]
-        u_b = _pit(p_b, tok, v, q)
+        u_b = pit_in_chunks(p_b, tok, v, q)
         tv = float((0.5 * (p_a.double() - p_b.double()).abs().sum(-1)).mean())
     return SequenceScore(
         n, len(res.rounds), u_a, u_b, tv, time.perf_counter() - t0, consistent, replay_diff

@@ -35,12 +35,14 @@ import torch
 from specdec import rejection
 from specdec.rejection import RandomSource, TorchRandom, enumerate_outcomes
 from specdec.sampling import SamplingConfig, logits_to_probs
-from specdec.stats import chisquare_gof
-from specdec.stats import worst as worst_of
 
-from .common import FAIL, PASS, TestRecord, apply_holm, fmt
+from .common import FAIL, PASS, fmt
+from .common import worst as worst_of
 from .progress import ProgressLog, revive
 from .seeds import SeedPlan
+from .stats.chisquare import chisquare_gof
+from .stats.family import TestRecord, apply_holm
+from .stats.thresholds import ALPHA, EXACT_TOL, POWER
 
 WalkFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, RandomSource], tuple[int, int]]
 
@@ -262,13 +264,13 @@ class Level1Config:
     exact_vocab: int = 5
     exact_cases_per_cell: int = 1
     max_fixed_drafts: int = 256
-    exact_tol: float = 1e-6
+    exact_tol: float = EXACT_TOL
     mc_vocabs: tuple[int, ...] = (64,)
     mc_cases_per_cell: int = 1
     mc_trials: int = 4000
     mc_min_count: int = 100
-    alpha: float = 0.01
-    power: float = 0.8
+    alpha: float = ALPHA
+    power: float = POWER
     seed: int = 0
 
 

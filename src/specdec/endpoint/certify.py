@@ -40,21 +40,20 @@ from typing import Any
 import numpy as np
 
 from specdec.bounds import check_range, check_scale
+from specdec.certify.common import first_difference
+from specdec.certify.stats.chisquare import (
+    ChiSquareResult,
+    chisquare_homogeneity,
+    combined_homogeneity,
+)
+from specdec.certify.stats.multiple import holm_adjust
+from specdec.certify.stats.power import min_detectable_tv_combined
+from specdec.certify.stats.simulated import simulated_power_combined
 from specdec.endpoint.capacity import MAX_CONCURRENCY
 from specdec.endpoint.client import Reply
 from specdec.endpoint.pertoken import DEFAULT_TOP, PerTokenResult
 from specdec.errors import ConfigError
 from specdec.jsonable import json_ready
-from specdec.stats import (
-    MIN_EXPECTED,
-    ChiSquareResult,
-    chisquare_homogeneity,
-    combine_chisquare,
-    first_difference,
-    holm_adjust,
-    min_detectable_tv_combined,
-    pool_rare,
-)
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 QUICK_SAMPLES = 150  # per prompt and side, at most (the time budget may lower it)
@@ -344,67 +343,7 @@ class StatisticTest:
     rejected: bool
     per_prompt: tuple[dict[str, Any], ...]
     min_detectable_tv: float  # analytic, at alpha / m and the plan's power
-    simulated_power: float  # at that TV, shift_alternative on the observed frequencies
-
-
-def _combined(tables: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, int, float]:
-    res = [chisquare_homogeneity(a, b) for a, b in tables]
-    c = combine_chisquare(res)
-    return c.statistic, c.dof, c.pvalue
-
-
-def shift_alternative(p: np.ndarray, tv: float) -> np.ndarray | None:
-    """A distribution at TV ``tv`` from p [G]: mass moved in proportion to p from the larger
-    half (by probability) of the categories to the smaller one, the shape of
-    ``stats.hardest_alternative`` (its chi-square divergence tv^2 (1/m_a + 1/m_b) is the
-    smallest of this form, and 4 tv^2 when the halves weigh 0.5 each); None when the larger
-    half holds less than tv. Unlike ``hardest_alternative`` it accepts a small half lighter
-    than tv (a dominant category), which is common after pooling."""
-    p = np.asarray(p, dtype=np.float64)
-    p = p / p.sum()
-    order = np.argsort(p, kind="stable")
-    small = np.zeros(p.shape[0], dtype=bool)
-    small[order[np.cumsum(p[order]) <= 0.5]] = True
-    if not small.any():
-        small[order[0]] = True
-    m_small, m_large = float(p[small].sum()), float(p[~small].sum())
-    if m_small <= 0 or tv > m_large:
-        return None
-    out = np.where(small, p * (1 + tv / m_small), p * (1 - tv / m_large))
-    return out / out.sum()
-
-
-def simulate_power(
-    tables: Sequence[tuple[np.ndarray, np.ndarray]],
-    tv: float,
-    level: float,
-    trials: int,
-    rng: np.random.Generator,
-) -> float:
-    """P(reject at ``level``) when, in every prompt, the spec-on side is ``shift_alternative``
-    at ``tv`` from the observed frequencies of the categories the test pools to
-    (spec-off: those frequencies): the TV is on the pooled categories, as stated."""
-    if not math.isfinite(tv) or trials < 1:
-        return math.nan
-    setups = []
-    for a, b in tables:
-        na, nb = float(a.sum()), float(b.sum())
-        # the categories the test itself pools to (column totals, as chisquare_homogeneity)
-        labels = pool_rare((a + b) * min(na, nb) / (na + nb), MIN_EXPECTED)
-        grouped = np.bincount(labels, weights=a + b)
-        p = grouped / grouped.sum()
-        alt = shift_alternative(p, tv)
-        if alt is None:
-            return math.nan
-        setups.append((int(a.sum()), int(b.sum()), alt, p))
-    hits = 0
-    for _ in range(trials):
-        sim = [
-            (rng.multinomial(na, alt).astype(float), rng.multinomial(nb, p).astype(float))
-            for na, nb, alt, p in setups
-        ]
-        hits += int(_combined(sim)[2] <= level)
-    return hits / trials
+    simulated_power: float  # at that TV, hardest_alternative on the observed frequencies
 
 
 def sampled_tests(
@@ -443,10 +382,13 @@ def sampled_tests(
                     "top_values": [[cats[i], int(a[i]), int(b[i])] for i in top],
                 }
             )
-        stat, dof, p = _combined(tables)
+        combined = combined_homogeneity(tables)
+        stat, dof, p = combined.statistic, combined.dof, combined.pvalue
         mdt = min_detectable_tv_combined(n_eff, dof, level, plan.power) if dof else math.nan
         live = [t for t in tables if chisquare_homogeneity(*t).dof > 0]
-        sim = simulate_power(live, mdt, level, plan.power_trials, rng) if live else math.nan
+        sim = (
+            simulated_power_combined(live, mdt, level, plan.power_trials, rng) if live else math.nan
+        )
         raw.append((name, stat, dof, p, per_prompt, mdt, sim))
     adjusted = holm_adjust([r[3] for r in raw])
     return [

@@ -615,7 +615,7 @@ async def run_endpoint_certify(
                 level=plan.alpha / family,
                 power=plan.power,
                 trials=plan.power_trials,
-                seed=plan.seed + 777,
+                rng=np.random.default_rng(plan.seed + 777),
             )
         tests, pertoken = joint_holm(tests, pertoken, plan.alpha)
 
