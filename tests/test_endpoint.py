@@ -18,14 +18,10 @@ import pytest
 from endpoint_harness import ProxyFaults, free_port, proxy_app, running_app, swap_first_two
 from serve_harness import mock_serve_pair, running_server
 from specdec.certify.common import first_difference
+from specdec.certify.endpoint.greedy import compare_greedy
+from specdec.certify.endpoint.plan import EndpointCertifyPlan
+from specdec.certify.endpoint.sampled import STATISTICS, sampled_tests, statistics_of
 from specdec.cli import main
-from specdec.endpoint.certify import (
-    STATISTICS,
-    EndpointCertifyPlan,
-    compare_greedy,
-    sampled_tests,
-    statistics_of,
-)
 from specdec.endpoint.client import (
     EndpointClient,
     EndpointConfig,
@@ -386,7 +382,7 @@ def test_certify_fails_against_a_proxy_that_swaps_tokens(
 
 
 def test_a_group_measured_again_after_a_crash_replaces_the_partial_one() -> None:
-    from specdec.endpoint.report import complete_requests
+    from specdec.bench.endpoint.report import complete_requests
 
     def req(slot: int, e2e: float) -> dict[str, Any]:
         return {

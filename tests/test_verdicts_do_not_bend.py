@@ -1,7 +1,7 @@
 """Every tie and tolerance decision of the certificate (issue 42, item 1), each with the
 fixture that must FAIL it and, beside it, the one that must not.
 
-Endpoint (``specdec.endpoint.certify``): the greedy near-tie on the rows a side reported
+Endpoint (``specdec.certify.endpoint``): the greedy near-tie on the rows a side reported
 (signed gap, the chosen token the row's best), on a follow-up row (both tokens within the
 gap of the row's best), and the Holm family (a NaN p-value, an impossible token). Local
 (``specdec.certify``): the Level 3 near-tie (both gaps finite, a finite threshold from the
@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 import torch
 
+from specdec.certify.endpoint.greedy import compare_greedy
+from specdec.certify.endpoint.sampled import joint_holm
 from specdec.certify.stats.multiple import holm_adjust
-from specdec.endpoint.certify import compare_greedy, joint_holm
 from specdec.endpoint.client import Reply
 
 TIE = 0.1  # --tie-gap, fixed before any of these replies
@@ -91,7 +92,7 @@ def test_a_nan_p_value_is_rejected_not_passed() -> None:
     """Holm with a NaN p-value (a test that could not be computed) used to give NaN, which
     compares false with alpha: not rejected. It counts as 0."""
     assert list(holm_adjust([math.nan, 0.5])) == [0.0, 0.5]
-    from specdec.endpoint.pertoken import PerTokenResult
+    from specdec.certify.endpoint.pertoken import PerTokenResult
 
     pt = PerTokenResult(100, 10, 20, 0, math.nan, math.nan, math.nan, math.nan, False, 0, 0, {}, 1)
     _, out = joint_holm([], pt, 0.01)

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec.certify.endpoint.pertoken import ALTERNATIVES
 from specdec.certify.stats.alternatives import alternatives, common_uniforms, min_detectable_tv
 from specdec.certify.stats.power import min_detectable_tv_combined
-from specdec.endpoint.pertoken import ALTERNATIVES
 
 ALPHA = 0.01
 FAMILY = 5

@@ -7,7 +7,7 @@
 - **Resumable.** Every reply is appended to ``OUT/progress.jsonl`` as it arrives (the header
   holds the plan, the URLs and the model); ``resume=True`` reads the replies back and sends
   only the missing requests. A different plan or server is refused.
-- **Timed.** ``specdec.endpoint.pace`` records where the time goes, prints the time left, and
+- **Timed.** ``pace`` records where the time goes, prints the time left, and
   warns when one side is much slower per request than the other.
 """
 
@@ -25,24 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from specdec.certify.common import FAIL, PASS, WARN
 from specdec.certify.progress import ProgressLog, revive
 from specdec.endpoint.capacity import ensure_open_files
-from specdec.endpoint.certify import (
-    FAIL,
-    PASS,
-    STATISTICS,
-    WARN,
-    EndpointCertificate,
-    EndpointCertifyPlan,
-    GreedyCase,
-    compare_greedy,
-    joint_holm,
-    sampled_tests,
-)
 from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.counters import SpecCounters, has_known_series, metrics_counters
 from specdec.endpoint.errors import BadReply, EndpointError
-from specdec.endpoint.pace import Pace
 from specdec.endpoint.pairing import (
     TWO_SERVERS,
     Sides,
@@ -50,7 +38,11 @@ from specdec.endpoint.pairing import (
     open_clients,
     probe_switch,
 )
-from specdec.endpoint.pertoken import (
+
+from .certificate import EndpointCertificate
+from .greedy import GreedyCase, compare_greedy
+from .pace import Pace
+from .pertoken import (
     TOKEN_IDS,
     PerTokenResult,
     pertoken_test,
@@ -58,6 +50,8 @@ from specdec.endpoint.pertoken import (
     probe_pertoken,
     scoring_request,
 )
+from .plan import EndpointCertifyPlan
+from .sampled import STATISTICS, joint_holm, sampled_tests
 
 PROGRESS_FILE = "progress.jsonl"
 PILOT = 4  # requests per side that time the sampled part under a budget (not tested)

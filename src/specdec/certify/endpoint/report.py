@@ -7,9 +7,10 @@ import json
 import math
 from pathlib import Path
 
-from specdec.endpoint.certify import LIMITS, VERDICT, EndpointCertificate
-from specdec.endpoint.pertoken import ALTERNATIVES
 from specdec.printable import printable
+
+from .certificate import LIMITS, VERDICT, EndpointCertificate
+from .pertoken import ALTERNATIVES
 
 
 def _src(source: str | None) -> str:

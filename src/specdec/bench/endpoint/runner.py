@@ -40,10 +40,11 @@ from specdec.endpoint.pairing import (
     open_clients,
     probe_switch,
 )
-from specdec.endpoint.records import GroupKey, finished_groups, read_records
 from specdec.errors import ConfigError
 from specdec.printable import printable
 from specdec.prompt_sets import Prompt
+
+from .records import GroupKey, finished_groups, read_records
 
 SCHEMA = "specdec-endpoint-bench/1"
 MODES = ("greedy", "sampled")
