@@ -21,7 +21,7 @@ from specdec.certify.stats.alternatives import (
 )
 from specdec.certify.stats.intervals import sequence_mean_interval
 from specdec.certify.stats.pit import draw_v, order_keys, pit_values
-from specdec.certify.stats.uniformity import reject_many, uniformity_test
+from specdec.certify.stats.uniformity import UniformityResult, reject_many, uniformity_test
 
 
 def _se(p: float, n: int) -> float:
@@ -55,6 +55,14 @@ def test_impossible_token_is_nan_and_rejects() -> None:
     good = np.random.default_rng(0).random(500)
     r = uniformity_test(np.concatenate([good, u]), 0.01)
     assert r.impossible == 1 and r.pvalue == 0.0 and r.rejected
+
+
+def test_a_nan_p_value_of_either_test_is_rejected_not_passed() -> None:
+    """A p-value that could not be computed rejects; Python's min(1, 2 min(nan, p)) gave 1."""
+    for ad, chi2 in ((math.nan, 0.5), (0.5, math.nan), (math.nan, math.nan)):
+        r = UniformityResult(100, 0, 0.0, ad, 0.0, chi2, 20, 0.01, 0.0, 0.0)
+        assert math.isnan(r.pvalue) and r.rejected
+    assert not UniformityResult(100, 0, 0.0, 0.5, 0.0, 0.5, 20, 0.01, 0.0, 0.0).rejected
 
 
 def test_pit_of_tokens_from_the_reference_is_uniform() -> None:

@@ -77,9 +77,12 @@ class UniformityResult:
 
     @property
     def pvalue(self) -> float:
-        """Bonferroni-combined p-value of the two tests (0 with an impossible token)."""
+        """Bonferroni-combined p-value of the two tests (0 with an impossible token; NaN when
+        either is NaN: rejected, never passed; ``min`` would drop a NaN and give 1)."""
         if self.impossible:
             return 0.0
+        if math.isnan(self.ad_pvalue) or math.isnan(self.chi2_pvalue):
+            return math.nan
         return min(1.0, 2 * min(self.ad_pvalue, self.chi2_pvalue))
 
     @property
