@@ -92,15 +92,17 @@ def test_a_nan_p_value_is_rejected_not_passed() -> None:
     """Holm with a NaN p-value (a test that could not be computed) used to give NaN, which
     compares false with alpha: not rejected. It counts as 0."""
     assert list(holm_adjust([math.nan, 0.5])) == [0.0, 0.5]
-    from specdec.certify.endpoint.pertoken import PerTokenResult
+    from specdec.certify.endpoint.pertoken import EndpointPerTokenResult
+    from specdec.certify.stats.uniformity import UniformityResult
 
-    pt = PerTokenResult(100, 10, 20, 0, math.nan, math.nan, math.nan, math.nan, False, 0, 0, {}, 1)
-    _, out = joint_holm([], pt, 0.01)
+    def per_token(impossible: int, p: float) -> EndpointPerTokenResult:
+        u = UniformityResult(100, impossible, 0.0, p, 0.0, p, 20, 0.01, 0.0, 0.0)
+        return EndpointPerTokenResult(u, 10, 20, 1.0, {}, u.pvalue, False)
+
+    _, out = joint_holm([], per_token(0, math.nan), 0.01)
     assert out is not None and out.rejected
-    fine = PerTokenResult(100, 10, 20, 0, 0.5, 0.5, 0.5, 0.5, False, 0, 0, {}, 1)
-    assert not joint_holm([], fine, 0.01)[1].rejected  # type: ignore[union-attr]
-    impossible = PerTokenResult(100, 10, 20, 1, 0.5, 0.5, 0.5, 0.5, False, 0, 0, {}, 1)
-    assert joint_holm([], impossible, 0.01)[1].rejected  # type: ignore[union-attr]
+    assert not joint_holm([], per_token(0, 0.5), 0.01)[1].rejected  # type: ignore[union-attr]
+    assert joint_holm([], per_token(1, 0.5), 0.01)[1].rejected  # type: ignore[union-attr]
 
 
 # -- local certificate -------------------------------------------------------------------------

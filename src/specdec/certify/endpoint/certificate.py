@@ -41,7 +41,7 @@ from specdec.certify.common import FAIL, PASS, WARN
 from specdec.jsonable import json_ready
 
 from .greedy import GreedyCase
-from .pertoken import PerTokenResult
+from .pertoken import EndpointPerTokenResult
 from .sampled import StatisticTest
 
 VERDICT = {PASS: "PASS", WARN: "PASS WITH CAVEATS", FAIL: "FAIL"}
@@ -81,7 +81,7 @@ class EndpointCertificate:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     command: str = ""
-    pertoken: PerTokenResult | None = None
+    pertoken: EndpointPerTokenResult | None = None
     pertoken_note: str | None = None  # why the per-token test did not run
     timing: dict[str, Any] = field(default_factory=dict)
 

@@ -44,7 +44,7 @@ from .greedy import GreedyCase, compare_greedy
 from .pace import Pace
 from .pertoken import (
     TOKEN_IDS,
-    PerTokenResult,
+    EndpointPerTokenResult,
     pertoken_test,
     pit_of_completion,
     probe_pertoken,
@@ -598,7 +598,7 @@ async def run_endpoint_certify(
             if plan.sampled_prompts
             else []
         )
-        pertoken: PerTokenResult | None = None
+        pertoken: EndpointPerTokenResult | None = None
         if prompt_ids is not None:
             u = got.u
             pertoken = pertoken_test(

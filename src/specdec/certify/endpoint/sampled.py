@@ -21,7 +21,7 @@ from specdec.certify.stats.multiple import holm_adjust
 from specdec.certify.stats.power import min_detectable_tv_combined
 from specdec.certify.stats.simulated import simulated_power_combined
 
-from .pertoken import PerTokenResult
+from .pertoken import EndpointPerTokenResult
 from .plan import EndpointCertifyPlan
 
 STATISTICS = ("piece 1", "piece 2", "piece 3", "text")
@@ -126,8 +126,8 @@ def sampled_tests(
 
 
 def joint_holm(
-    tests: Sequence[StatisticTest], pertoken: PerTokenResult | None, alpha: float
-) -> tuple[list[StatisticTest], PerTokenResult | None]:
+    tests: Sequence[StatisticTest], pertoken: EndpointPerTokenResult | None, alpha: float
+) -> tuple[list[StatisticTest], EndpointPerTokenResult | None]:
     """Holm over the sampled statistics and the per-token test together."""
     raw = [t.pvalue for t in tests] + ([pertoken.pvalue] if pertoken is not None else [])
     if not raw:
