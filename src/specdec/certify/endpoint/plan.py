@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.bounds import check_range, check_scale
+from specdec.certify.stats.thresholds import ALPHA, POWER, TIE_GAP_NATS
 from specdec.endpoint.capacity import MAX_CONCURRENCY
 from specdec.errors import ConfigError
 
@@ -29,11 +30,11 @@ class EndpointCertifyPlan:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    alpha: float = 0.01
-    tie_gap: float = 0.1  # nats
+    alpha: float = ALPHA
+    tie_gap: float = TIE_GAP_NATS  # nats
     top_logprobs: int = 5
     seed: int = 0
-    power: float = 0.8
+    power: float = POWER
     power_trials: int = 200
     concurrency: int = 1  # requests in flight per server
     pertoken: bool = True  # where the servers allow it (and the sampling is T = 1, no cut-off)
