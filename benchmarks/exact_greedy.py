@@ -80,8 +80,8 @@ def run_prompt(
     ids: list[int],
     n_new: int,
 ) -> dict[str, Any]:
+    from specdec.certify.common import first_difference
     from specdec.decoding import generate
-    from specdec.stats import first_difference
 
     runs: dict[str, dict[str, Any]] = {}
     target.truncate(0)

@@ -173,6 +173,50 @@ def test_the_file_rules_catch_what_they_forbid() -> None:
     assert "specdec.bench.runner" in _reaches(graph, "specdec.api")
 
 
+def test_the_endpoint_client_sits_below_both_tools_that_use_it() -> None:
+    """specdec.endpoint (client, wire, schema, ...) is what the endpoint bench and the endpoint
+    certificate share: it imports neither tool, so both can import it without a cycle."""
+    assert _client_reaching_up(_file_graph()) == []
+    planted = _file_graph()
+    planted["specdec.endpoint.client"] = {*planted["specdec.endpoint.client"], "specdec.certify"}
+    assert _client_reaching_up(planted) == ["specdec.endpoint.client -> specdec.certify"]
+
+
+def _client_reaching_up(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{module} -> {t}"
+        for module, targets in graph.items()
+        if module.startswith("specdec.endpoint")
+        for t in targets
+        if t.split(".")[1] in ("bench", "certify", "cli")
+    )
+
+
+def _class_names(root: Path) -> dict[str, list[str]]:
+    """Every class name defined under ``root`` -> where (file:line), from the AST."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{path.relative_to(root)}:{node.lineno}")
+    return where
+
+
+def _clashes(where: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {name: places for name, places in where.items() if len(places) > 1}
+
+
+def test_one_name_per_class() -> None:
+    """No two classes in the package share a name (one name per concept)."""
+    assert _clashes(_class_names(SRC)) == {}
+
+
+def test_the_class_name_check_finds_a_planted_clash(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("class Result:\n    pass\n")
+    (tmp_path / "b.py").write_text("def f():\n    class Result:\n        pass\n")
+    assert set(_clashes(_class_names(tmp_path))) == {"Result"}
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["models", "list"], ["models", "--help"]])
 def test_light_commands_do_not_import_torch(argv: list[str], tmp_path: Path) -> None:
     code = (

@@ -38,7 +38,7 @@ from specdec.decoding import generate
 from specdec.drafters.base import Drafter
 from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
-from specdec.sampling import SamplingConfig
+from specdec.sampling import SamplingConfig, make_generator
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +48,7 @@ def _one_torch_thread() -> Iterator[None]:
         yield
 
 
-PROMPTS = mock_prompts(7, 6, 32)  # 4 greedy + 2 probe, disjoint
+PROMPTS = mock_prompts(make_generator(7), 6, 32)  # 4 greedy + 2 probe, disjoint
 CFG = Level3Config(
     k=3,
     greedy_prompts=4,

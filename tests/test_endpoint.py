@@ -17,14 +17,11 @@ import pytest
 
 from endpoint_harness import ProxyFaults, free_port, proxy_app, running_app, swap_first_two
 from serve_harness import mock_serve_pair, running_server
+from specdec.certify.common import first_difference
+from specdec.certify.endpoint.greedy import compare_greedy
+from specdec.certify.endpoint.plan import EndpointCertifyPlan
+from specdec.certify.endpoint.sampled import STATISTICS, sampled_tests, statistics_of
 from specdec.cli import main
-from specdec.endpoint.certify import (
-    STATISTICS,
-    EndpointCertifyPlan,
-    compare_greedy,
-    sampled_tests,
-    statistics_of,
-)
 from specdec.endpoint.client import (
     EndpointClient,
     EndpointConfig,
@@ -35,7 +32,6 @@ from specdec.endpoint.client import (
 )
 from specdec.endpoint.counters import counters_from_body, metrics_counters, parse_prometheus
 from specdec.endpoint.errors import EndpointError
-from specdec.stats import first_difference
 
 pytest.importorskip("fastapi")
 pytest.importorskip("sse_starlette")
@@ -386,7 +382,7 @@ def test_certify_fails_against_a_proxy_that_swaps_tokens(
 
 
 def test_a_group_measured_again_after_a_crash_replaces_the_partial_one() -> None:
-    from specdec.endpoint.report import complete_requests
+    from specdec.bench.endpoint.report import complete_requests
 
     def req(slot: int, e2e: float) -> dict[str, Any]:
         return {
@@ -414,13 +410,13 @@ def test_a_group_measured_again_after_a_crash_replaces_the_partial_one() -> None
 
 
 def test_the_power_check_shift_has_the_stated_tv_also_with_a_dominant_category() -> None:
-    from specdec.endpoint.certify import shift_alternative
+    from specdec.certify.stats.simulated import hardest_alternative
 
     for p in (np.array([0.25, 0.25, 0.25, 0.25]), np.array([0.8, 0.1, 0.06, 0.04])):
-        alt = shift_alternative(p, 0.15)
+        alt = hardest_alternative(p, 0.15)
         assert alt is not None
         assert 0.5 * np.abs(alt - p).sum() == pytest.approx(0.15)
-    assert shift_alternative(np.array([0.5, 0.5]), 0.6) is None
+    assert hardest_alternative(np.array([0.5, 0.5]), 0.6) is None
 
 
 def test_endpoint_off_alone_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from endpoint_harness import TokenServerState, running_app, token_server_app
+from specdec.certify.endpoint.pace import Pace
+from specdec.certify.endpoint.pertoken import pit_of_completion
 from specdec.cli import main
 from specdec.endpoint.client import token_ids_of
-from specdec.endpoint.pace import Pace
-from specdec.endpoint.pertoken import pit_of_completion
 from specdec.endpoint.schema import ShapeError, logprobs, prompt_logprobs
 
 pytest.importorskip("starlette")
@@ -242,7 +242,7 @@ def test_a_time_budget_lowers_the_sample_count_after_a_pilot(
 def test_a_follow_up_row_classifies_a_divergence_at_a_drafted_token() -> None:
     """llama-server returns no row for tokens accepted from the draft: the spec-on gap then
     comes from a second request for that position's row (its absolute value counts)."""
-    from specdec.endpoint.certify import compare_greedy
+    from specdec.certify.endpoint.greedy import compare_greedy
     from specdec.endpoint.client import Reply
 
     def reply(text: str, toks: list[str], rows: list[dict[str, float]]) -> Reply:

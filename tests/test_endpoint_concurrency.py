@@ -71,7 +71,7 @@ def test_150_clients_are_150_requests_on_the_wire(
 def test_a_level_that_fell_short_is_reported_as_such() -> None:
     """The opposite verdict: a group whose client had fewer requests on the wire than it
     had clients is named in the report, with the achieved figure."""
-    from specdec.endpoint.report import LevelSummary, SideSummary, short_of_concurrency
+    from specdec.bench.endpoint.report import LevelSummary, SideSummary, short_of_concurrency
 
     side = SideSummary(150, 1.0, 1.0, 1.0, 1.0, 1.0, None, peak_in_flight=100, mean_in_flight=90)
     full = SideSummary(150, 1.0, 1.0, 1.0, 1.0, 1.0, None, peak_in_flight=150, mean_in_flight=140)

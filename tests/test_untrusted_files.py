@@ -206,8 +206,8 @@ def test_open_regular_refuses_what_is_not_a_file(tmp_path: Path) -> None:
 def test_a_progress_file_with_a_deep_line_and_a_bad_value(tmp_path: Path) -> None:
     """A progress line nested 100,000 deep raised RecursionError on --resume; it is a line
     to redo. A stored reply of the wrong shape is one line naming the unit."""
+    from specdec.certify.endpoint.run import reply_from_json
     from specdec.certify.progress import ProgressLog
-    from specdec.endpoint.certify_run import reply_from_json
     from specdec.errors import ConfigError
 
     path = tmp_path / "progress.jsonl"

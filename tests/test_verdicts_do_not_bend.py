@@ -1,7 +1,7 @@
 """Every tie and tolerance decision of the certificate (issue 42, item 1), each with the
 fixture that must FAIL it and, beside it, the one that must not.
 
-Endpoint (``specdec.endpoint.certify``): the greedy near-tie on the rows a side reported
+Endpoint (``specdec.certify.endpoint``): the greedy near-tie on the rows a side reported
 (signed gap, the chosen token the row's best), on a follow-up row (both tokens within the
 gap of the row's best), and the Holm family (a NaN p-value, an impossible token). Local
 (``specdec.certify``): the Level 3 near-tie (both gaps finite, a finite threshold from the
@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.endpoint.certify import compare_greedy, joint_holm
+from specdec.certify.endpoint.greedy import compare_greedy
+from specdec.certify.endpoint.sampled import joint_holm
+from specdec.certify.stats.multiple import holm_adjust
 from specdec.endpoint.client import Reply
-from specdec.stats import holm_adjust
 
 TIE = 0.1  # --tie-gap, fixed before any of these replies
 
@@ -91,15 +92,17 @@ def test_a_nan_p_value_is_rejected_not_passed() -> None:
     """Holm with a NaN p-value (a test that could not be computed) used to give NaN, which
     compares false with alpha: not rejected. It counts as 0."""
     assert list(holm_adjust([math.nan, 0.5])) == [0.0, 0.5]
-    from specdec.endpoint.pertoken import PerTokenResult
+    from specdec.certify.endpoint.pertoken import EndpointPerTokenResult
+    from specdec.certify.stats.uniformity import UniformityResult
 
-    pt = PerTokenResult(100, 10, 20, 0, math.nan, math.nan, math.nan, math.nan, False, 0, 0, {}, 1)
-    _, out = joint_holm([], pt, 0.01)
+    def per_token(impossible: int, p: float) -> EndpointPerTokenResult:
+        u = UniformityResult(100, impossible, 0.0, p, 0.0, p, 20, 0.01, 0.0, 0.0)
+        return EndpointPerTokenResult(u, 10, 20, 1.0, {}, u.pvalue, False)
+
+    _, out = joint_holm([], per_token(0, math.nan), 0.01)
     assert out is not None and out.rejected
-    fine = PerTokenResult(100, 10, 20, 0, 0.5, 0.5, 0.5, 0.5, False, 0, 0, {}, 1)
-    assert not joint_holm([], fine, 0.01)[1].rejected  # type: ignore[union-attr]
-    impossible = PerTokenResult(100, 10, 20, 1, 0.5, 0.5, 0.5, 0.5, False, 0, 0, {}, 1)
-    assert joint_holm([], impossible, 0.01)[1].rejected  # type: ignore[union-attr]
+    assert not joint_holm([], per_token(0, 0.5), 0.01)[1].rejected  # type: ignore[union-attr]
+    assert joint_holm([], per_token(1, 0.5), 0.01)[1].rejected  # type: ignore[union-attr]
 
 
 # -- local certificate -------------------------------------------------------------------------
@@ -113,11 +116,11 @@ def _wrong_rows_divergence(not_token: int | None = None) -> tuple[object, ...]:
     from specdec.certify.mock_level import mock_prompts
     from specdec.decoding import generate
     from specdec.models.loader import ModelConfig, load_model
-    from specdec.sampling import SamplingConfig
+    from specdec.sampling import SamplingConfig, make_generator
 
     draft = load_model(ModelConfig("mock:close:32"))
     target = WrongRowsLM(load_model(ModelConfig("mock:target:32")))
-    for ids in mock_prompts(7, 6, 32):
+    for ids in mock_prompts(make_generator(7), 6, 32):
         spec = generate(target, draft, ids, max_new_tokens=16, k=3, sampling=SamplingConfig())
         plain = generate(target, None, ids, max_new_tokens=16, k=0, sampling=SamplingConfig())
         for i, (a, b) in enumerate(zip(spec.tokens, plain.tokens, strict=False)):
@@ -195,7 +198,7 @@ def test_a_nan_rollback_error_fails_the_level() -> None:
 
 
 def test_the_probe_keeps_a_nan_wherever_it_comes() -> None:
-    from specdec.stats import worst
+    from specdec.certify.common import worst
 
     assert math.isnan(worst([0.0, 0.5, math.nan])) and math.isnan(worst([math.nan, 0.5]))
     assert max(0.5, math.nan) == 0.5  # what the probe used to aggregate with
@@ -205,6 +208,7 @@ def test_the_probe_keeps_a_nan_wherever_it_comes() -> None:
 def _scores(tvs: Sequence[float], replay: float | None = 0.0) -> object:
     from specdec.certify.pertoken import SequenceScore
     from specdec.certify.real import Level3Config, summarize_scores
+    from specdec.certify.seeds import SeedPlan
 
     rng = np.random.default_rng(0)
     seqs = [
@@ -219,7 +223,7 @@ def _scores(tvs: Sequence[float], replay: float | None = 0.0) -> object:
         )
         for tv in tvs
     ]
-    return summarize_scores(seqs, Level3Config(), "-P")
+    return summarize_scores(seqs, Level3Config(), "-P", SeedPlan(0))
 
 
 def test_one_plain_sequence_bounds_nothing() -> None:

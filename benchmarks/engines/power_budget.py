@@ -3,13 +3,14 @@ P sampled prompts and s requests per prompt and side, the smallest difference ea
 finds with 80 % probability at the level of Holm's first step (alpha 0.01 over 5 tests).
 
 - Sampled statistics (any server): the combined chi-square over P prompts; the smallest TV
-  on the pooled categories, present in every prompt (``stats.min_detectable_tv_combined``),
+  on the pooled categories, present in every prompt (``min_detectable_tv_combined`` of
+  ``specdec.certify.stats.power``),
   for 4 and for 10 degrees of freedom per prompt (what pooling leaves depends on the data:
   the llama-server certificates under benchmarks/results/engines have 1-4 per prompt, their
   summed dof over the prompts, at 55-120 requests).
 - Per-token test (servers with token ids and prompt logprobs, e.g. vLLM): P * s * L tokens
   (L = 8 tokens per request), the simulated smallest per-token TV for the three stated
-  shapes (``certify.pit.min_detectable_tv``, 200 trials).
+  shapes (``min_detectable_tv`` of ``specdec.certify.stats.alternatives``, 200 trials).
 
 Requests: 2 P s sampled, plus P s scoring requests with the per-token test.
 
@@ -18,9 +19,11 @@ Requests: 2 P s sampled, plus P s scoring requests with the per-token test.
 
 from __future__ import annotations
 
-from specdec.certify.pit import alternatives, min_detectable_tv
-from specdec.endpoint.pertoken import ALTERNATIVES
-from specdec.stats import min_detectable_tv_combined
+import numpy as np
+
+from specdec.certify.endpoint.pertoken import ALTERNATIVES
+from specdec.certify.stats.alternatives import alternatives, common_uniforms, min_detectable_tv
+from specdec.certify.stats.power import min_detectable_tv_combined
 
 ALPHA = 0.01
 FAMILY = 5
@@ -44,10 +47,8 @@ def main() -> int:
         tv4 = min_detectable_tv_combined(n_eff, 4 * p, level, POWER)
         tv10 = min_detectable_tv_combined(n_eff, 10 * p, level, POWER)
         tokens = p * s * TOKENS
-        per = [
-            min_detectable_tv(alts[a], tokens, level, POWER, trials=200, seed=0)
-            for a in ALTERNATIVES
-        ]
+        base = common_uniforms(200, tokens, np.random.default_rng(0))  # [200, tokens]
+        per = [min_detectable_tv(alts[a], base, level, POWER) for a in ALTERNATIVES]
         print(
             f"| {p} x {s} | {2 * p * s} (+ {p * s}) | {tv4:.3f} / {tv10:.3f} | {tokens} | "
             + " / ".join(f"{x:.3f}" for x in per)

@@ -13,6 +13,7 @@ from specdec.models.base import CausalLM
 from .plan import make_plan
 from .report import Certificate
 from .runner import CertifyConfig, run_certificate
+from .stats.thresholds import ALPHA
 
 
 def certify_models(
@@ -23,7 +24,7 @@ def certify_models(
     quick: bool = False,
     out: str | Path | None = None,
     seed: int = 0,
-    alpha: float = 0.01,
+    alpha: float = ALPHA,
     k: int | None = None,
     temperature: float | None = None,
     top_k: int | None = None,

@@ -9,7 +9,8 @@ the i-th one-at-a-time row have the same context, so any difference is the backe
 after the rollback), argmax flips, and the TV distance between the two softmax rows (T = 1).
 
 A flip of the greedy token needs a top-2 logit gap below twice the largest logit difference,
-so ``tie_threshold`` = 2 * max |diff| is what Level 3 uses to call a divergence a near-tie.
+so ``tie_threshold`` = 2 * max |diff| (``TIE_FACTOR``) is what Level 3 uses to call a
+divergence a near-tie.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch
 
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM, extend_last
-from specdec.stats import worst
+
+from .common import worst
+from .stats.thresholds import TIE_FACTOR
 
 DEFAULT_NS: tuple[int, ...] = (2, 5, 9)
 
@@ -74,7 +77,7 @@ class InvarianceResult:
         (no near-ties: every flip is a bug) when the probe measured no finite difference
         (a backend with inf or NaN logits would otherwise excuse every flip)."""
         eps = self.max_abs
-        return 2.0 * eps if math.isfinite(eps) else 0.0
+        return TIE_FACTOR * eps if math.isfinite(eps) else 0.0
 
     @property
     def batch_invariant(self) -> bool:

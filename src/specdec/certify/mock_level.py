@@ -31,13 +31,15 @@ from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.models.mock import MockLM, mock_pair
-from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
-from specdec.stats import chisquare_gof
+from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.theory import Costs
 
-from .common import FAIL, PASS, TestRecord, apply_holm, fmt
+from .common import FAIL, PASS, fmt
 from .progress import ProgressLog, revive
-from .seeds import derive_seed
+from .seeds import SeedPlan
+from .stats.chisquare import chisquare_gof
+from .stats.family import TestRecord, apply_holm
+from .stats.thresholds import ALPHA, POWER
 
 
 # ------------------------------------------------------------------ exact distributions
@@ -69,7 +71,8 @@ def exact_window_distribution(
 
     def row(key: tuple[int, ...]) -> np.ndarray:
         if key not in rows:
-            p = logits_to_probs(model.logits_for_context(list(key)), sampling)
+            logits = model.logits_for_context(list(key))  # [V]
+            p = logits_to_probs(logits, sampling)
             rows[key] = p.double().numpy()  # [V]
         return rows[key]
 
@@ -159,14 +162,14 @@ class Level2Config:
     setups: tuple[SampledSetup, ...] = DEFAULT_SETUPS
     windows: tuple[tuple[int, int], ...] = ((1, 2), (6, 1))  # (start position, length)
     sequences: int = 1500
-    alpha: float = 0.01
-    power: float = 0.8
+    alpha: float = ALPHA
+    power: float = POWER
     seed: int = 0
 
 
-def mock_prompts(seed: int, n: int, vocab: int) -> list[list[int]]:
-    """n prompts: random tokens (lengths 1..12) and repetitive ones (so n-gram lookup drafts)."""
-    g = make_generator(seed)
+def mock_prompts(g: torch.Generator, n: int, vocab: int) -> list[list[int]]:
+    """n prompts drawn with ``g``: random tokens (lengths 1..12) and repetitive ones (so n-gram
+    lookup drafts)."""
     out = []
     for i in range(n):
         if i % 2 == 0:
@@ -186,8 +189,9 @@ MOCK_PLANNER_COSTS = Costs(verify_s=tuple(1.0 + 0.05 * n for n in range(16)), pr
 # predictions (``drafters.prediction``, OpenAI's predicted outputs) drafted in front of the
 # planned drafter: the target's own greedy continuation of the prompt (right), the same with
 # every token changed (wrong at every position), shifted by one token, and tokens of another
-# "language" (an unrelated random sequence)
+# "language" (an unrelated random sequence, the same in every run: part of the setup)
 PREDICTIONS = ("prediction", "prediction-wrong", "prediction-shifted", "prediction-foreign")
+FOREIGN = SeedPlan(0)  # the foreign predictions' stream: fixed, not the run's --seed
 
 
 def mock_prediction(kind: str, target: MockLM, prompt: Sequence[int], n: int) -> list[int]:
@@ -201,7 +205,7 @@ def mock_prediction(kind: str, target: MockLM, prompt: Sequence[int], n: int) ->
     if kind == "prediction-shifted":
         return right[1:]
     assert kind == "prediction-foreign", kind
-    g = make_generator(derive_seed(0, "l2-foreign", *prompt))
+    g = FOREIGN.generator("l2-foreign", *prompt)
     return [int(t) for t in torch.randint(vocab, (n,), generator=g)]
 
 
@@ -295,20 +299,18 @@ class Level2Result:
 # ------------------------------------------------------------------ running
 
 
-def run_greedy(cfg: Level2Config, log: ProgressLog | None) -> list[GreedyUnit]:
+def run_greedy(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> list[GreedyUnit]:
     units: list[GreedyUnit] = []
     greedy = SamplingConfig()
     for vocab in cfg.greedy_vocabs:
-        prompts = mock_prompts(
-            derive_seed(cfg.seed, "l2-prompts", vocab), cfg.greedy_prompts, vocab
-        )
+        prompts = mock_prompts(seeds.generator("l2-prompts", vocab), cfg.greedy_prompts, vocab)
         for closeness in cfg.greedy_closeness:
             key = f"l2/greedy/{closeness}-V{vocab}"
             stored = log.read(key, lambda v: [revive(GreedyUnit, u) for u in v]) if log else None
             if stored is not None:
                 units.extend(stored)
                 continue
-            draft, target = mock_pair(closeness, vocab_size=vocab, seed=cfg.seed)
+            draft, target = mock_pair(closeness, vocab_size=vocab, seed=seeds.base)
             batch: list[GreedyUnit] = []
             for pi, prompt in enumerate(prompts):
                 ref = reference_greedy(target, prompt, cfg.greedy_max_new_tokens)
@@ -349,11 +351,11 @@ def run_greedy(cfg: Level2Config, log: ProgressLog | None) -> list[GreedyUnit]:
 
 
 def sample_windows(
-    setup: SampledSetup, cfg: Level2Config, prompt: Sequence[int]
+    setup: SampledSetup, cfg: Level2Config, prompt: Sequence[int], seeds: SeedPlan
 ) -> dict[tuple[int, int], np.ndarray]:
     """Counts [V^m] per window from cfg.sequences independent sequences (one seed each)."""
     vocab = cfg.sampled_vocab
-    draft, target = setup.pair(vocab, cfg.seed)
+    draft, target = setup.pair(vocab, seeds.base)
     end = max(s + m - 1 for s, m in cfg.windows)
     counts = {w: np.zeros(vocab ** w[1], dtype=np.int64) for w in cfg.windows}
     n = end + setup.k
@@ -372,7 +374,7 @@ def sample_windows(
             max_new_tokens=n,
             k=setup.k,
             sampling=setup.sampling,
-            seed=derive_seed(cfg.seed, "l2", setup.name, i),
+            seed=seeds.seed("l2", setup.name, i),
             stop_on_eos=False,
         ):
             toks.extend(ev.tokens)
@@ -387,18 +389,19 @@ def run_level2(cfg: Level2Config, *, log: ProgressLog | None = None) -> Level2Re
     """Greedy bit-exactness and sampled goodness of fit of the decoding loop on mocks."""
     t0 = time.perf_counter()
     res = Level2Result(cfg)
-    res.greedy = run_greedy(cfg, log)
+    seeds = SeedPlan(cfg.seed)
+    res.greedy = run_greedy(cfg, seeds, log)
     raw: list[TestRecord] = []
     vocab = cfg.sampled_vocab
     for si, setup in enumerate(cfg.setups):
-        prompt = mock_prompts(derive_seed(cfg.seed, "l2-sampled-prompt"), 2, vocab)[si % 2]
+        prompt = mock_prompts(seeds.generator("l2-sampled-prompt"), 2, vocab)[si % 2]
         key = f"l2/sampled/{setup.name}"
         records = log.read(key, lambda v: [revive(TestRecord, d) for d in v]) if log else None
         if records is not None:
             raw.extend(records)
             continue
-        counts = sample_windows(setup, cfg, prompt)
-        target = setup.pair(vocab, cfg.seed)[1]
+        counts = sample_windows(setup, cfg, prompt, seeds)
+        target = setup.pair(vocab, seeds.base)[1]
         recs = []
         for (s, m), c in counts.items():
             exact = exact_window_distribution(target, prompt, s, m, setup.sampling)

@@ -10,7 +10,7 @@ target's next-token row for every emitted position is obtained two ways:
     decoding the full replay (``replay_rows``: prefill, then each round's pass over [last,
     accepted drafts, filler] with the run's rollbacks) is computed too and must reproduce
     the recorded rows bit for bit. Under a correct walk x_t is distributed as its row given
-    everything before it (module ``pit``), so the PIT values must be uniform whatever the
+    everything before it (module ``stats.pit``), so the PIT values must be uniform whatever the
     backend's batch-shape numerics.
 (b) plain one-token-per-pass scoring (``plain_rows``): the rows plain decoding samples from.
     The PIT test against them shows whether the user sees plain decoding's distribution; the
@@ -35,11 +35,9 @@ from specdec.decoding import RoundStats, generate
 from specdec.drafters.base import Drafter
 from specdec.models.base import CausalLM, extend_last
 from specdec.models.wrapped import WrappedLM
-from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
+from specdec.sampling import SamplingConfig, logits_to_probs
 
-from .pit import draw_v, order_keys, pit_values
-
-PIT_CHUNK = 16  # rows per PIT computation (bounds memory at [16, V] float64 temporaries)
+from .stats.pit import draw_v, pit_in_chunks
 
 
 def _prefill(model: CausalLM, prompt: Sequence[int]) -> list[int]:
@@ -168,17 +166,6 @@ class SequenceScore:
         return asdict(self)
 
 
-def _pit(
-    p: torch.Tensor, tokens: torch.Tensor, v: torch.Tensor, q: torch.Tensor | None
-) -> list[float]:
-    out: list[float] = []
-    for i in range(0, p.shape[0], PIT_CHUNK):
-        sl = slice(i, i + PIT_CHUNK)
-        keys = order_keys(p[sl], None if q is None else q[sl])  # [c, V]
-        out.extend(float(x) for x in pit_values(p[sl], tokens[sl], v[sl], keys))
-    return out
-
-
 def score_sequence(
     target: CausalLM,
     draft: CausalLM | Drafter,
@@ -189,12 +176,13 @@ def score_sequence(
     max_new_tokens: int,
     sampling: SamplingConfig,
     seed: int,
-    pit_seed: int,
+    pit_generator: torch.Generator,
     with_plain: bool,
 ) -> SequenceScore:
     """Generate one speculative sequence and score it against (a) the rows of its own passes
     (recorded; checked against the output and, with ``with_plain``, against a full
-    shape-matched replay) and, with ``with_plain``, (b) one-token-per-pass rows."""
+    shape-matched replay) and, with ``with_plain``, (b) one-token-per-pass rows. The PIT's
+    auxiliary uniforms come from ``pit_generator`` (used for nothing else)."""
     t0 = time.perf_counter()
     rec = RecordingLM(target)
     res = generate(
@@ -203,25 +191,25 @@ def score_sequence(
     n = len(res.tokens)
     if n == 0:
         return SequenceScore(0, len(res.rounds), [], [] if with_plain else None, None, 0.0)
-    tok = torch.tensor(res.tokens, dtype=torch.long)  # [n]
-    rows_run, consistent = recorded_rows(rec.passes, prompt, res.tokens, res.rounds)
+    # the rows first (the run's own passes, the order key's, and with ``with_plain`` the full
+    # replay and plain decoding's), then what the test makes of them
+    rows_run, consistent = recorded_rows(rec.passes, prompt, res.tokens, res.rounds)  # [n, V]
     rec.passes.clear()
+    order_rows = None if order_model is None else draft_rows(order_model, prompt, res.tokens)
+    replayed = replay_rows(target, prompt, res.tokens, res.rounds) if with_plain else None
+    plain = plain_rows(target, prompt, res.tokens) if with_plain else None  # [n, V]
+    tok = torch.tensor(res.tokens, dtype=torch.long)  # [n]
     p_a = logits_to_probs(rows_run, sampling)  # [n, V]
-    q = (
-        logits_to_probs(draft_rows(order_model, prompt, res.tokens), sampling)
-        if order_model is not None
-        else None
-    )  # [n, V]
-    v = draw_v(n, make_generator(pit_seed))  # [n]
-    u_a = _pit(p_a, tok, v, q)
+    q = None if order_rows is None else logits_to_probs(order_rows, sampling)  # [n, V]
+    v = draw_v(n, pit_generator)  # [n]
+    u_a = pit_in_chunks(p_a, tok, v, q)
     u_b: list[float] | None = None
     tv: float | None = None
     replay_diff: float | None = None
-    if with_plain:
-        replayed = replay_rows(target, prompt, res.tokens, res.rounds)  # [n, V]
+    if replayed is not None and plain is not None:
         replay_diff = float((replayed - rows_run).abs().max())
-        p_b = logits_to_probs(plain_rows(target, prompt, res.tokens), sampling)  # [n, V]
-        u_b = _pit(p_b, tok, v, q)
+        p_b = logits_to_probs(plain, sampling)  # [n, V]
+        u_b = pit_in_chunks(p_b, tok, v, q)
         tv = float((0.5 * (p_a.double() - p_b.double()).abs().sum(-1)).mean())
     return SequenceScore(
         n, len(res.rounds), u_a, u_b, tv, time.perf_counter() - t0, consistent, replay_diff

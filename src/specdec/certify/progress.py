@@ -35,13 +35,12 @@ class ProgressLog:
 
     def __init__(self, path: Path | None, config: dict[str, Any], *, resume: bool) -> None:
         self.path = path
-        self.config = json.loads(json.dumps(config))  # tuples -> lists, as read back
         self.done: dict[str, Any] = {}
+        header: Any = None
         if path is None:
             if resume:
                 raise ConfigError("cannot resume: no output directory to resume from")
-            return
-        if resume:
+        elif resume:
             if not path.parent.is_dir():
                 raise ConfigError(
                     f"cannot resume: the output directory {path.parent} does not exist (run "
@@ -52,39 +51,17 @@ class ProgressLog:
                     f"cannot resume: {path.parent} holds no {path.name} (no run to continue "
                     "there; run without --resume to start one)"
                 )
-            self._load(path)
+            header, self.done = read_log(path)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("w", encoding="utf-8") as f:
                 f.write(json.dumps({"type": "header", "config": config}) + "\n")
-
-    def _load(self, path: Path) -> None:
-        raw = read_bytes(path, "the progress file", MAX_PROGRESS_BYTES)
-        text = raw.decode("utf-8", errors="replace")
-        if text and not text.endswith("\n"):
-            with path.open("a", encoding="utf-8") as f:
-                f.write("\n")  # end a line cut short by an interrupted run
-        lines = text.splitlines()
-        if not lines:
-            raise ConfigError(f"cannot resume: {path} is empty")
-        try:
-            header = jsonbound.loads(lines[0])
-        except jsonbound.JsonError as e:
-            raise ConfigError(f"cannot resume: {path} has no valid header ({e})") from e
-        if (
-            not isinstance(header, dict)
-            or header.get("type") != "header"
-            or header.get("config") != self.config
-        ):
+        self.config = json.loads(json.dumps(config))  # tuples -> lists, as read back
+        if path is not None and resume and not _same_run(header, self.config):
             raise ConfigError(
                 f"cannot resume from {path}: it was written with a different configuration "
                 "(run without --resume to start over)"
             )
-        for line in lines[1:]:
-            rec = jsonbound.loads_or_none(line)
-            if isinstance(rec, dict) and isinstance(rec.get("key"), str) and "value" in rec:
-                self.done[rec["key"]] = rec["value"]
-            # else: a line cut short by an interrupted run (or not a record): that unit is redone
 
     def get(self, key: str) -> Any | None:
         return self.done.get(key)
@@ -110,6 +87,39 @@ class ProgressLog:
         if self.path is not None:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps({"key": key, "value": value}) + "\n")
+
+
+def read_log(path: Path) -> tuple[Any, dict[str, Any]]:
+    """(header, completed units) of a progress file. A last line cut short by an interrupted
+    run is ended in the file (its unit is redone); a line that is not a record is left out."""
+    raw = read_bytes(path, "the progress file", MAX_PROGRESS_BYTES)
+    text = raw.decode("utf-8", errors="replace")
+    if text and not text.endswith("\n"):
+        with path.open("a", encoding="utf-8") as f:
+            f.write("\n")  # end a line cut short by an interrupted run
+    lines = text.splitlines()
+    if not lines:
+        raise ConfigError(f"cannot resume: {path} is empty")
+    try:
+        header = jsonbound.loads(lines[0])
+    except jsonbound.JsonError as e:
+        raise ConfigError(f"cannot resume: {path} has no valid header ({e})") from e
+    done: dict[str, Any] = {}
+    for line in lines[1:]:
+        rec = jsonbound.loads_or_none(line)
+        if isinstance(rec, dict) and isinstance(rec.get("key"), str) and "value" in rec:
+            done[rec["key"]] = rec["value"]
+        # else: a line cut short by an interrupted run (or not a record): that unit is redone
+    return header, done
+
+
+def _same_run(header: Any, config: dict[str, Any]) -> bool:
+    """Whether a progress file's header line is this run's (``config`` as read back)."""
+    return (
+        isinstance(header, dict)
+        and header.get("type") == "header"
+        and header.get("config") == config
+    )
 
 
 def _fits(value: Any, hint: Any) -> bool:

@@ -14,7 +14,7 @@
    probe's max logit difference, a measurement made on other prompts and positions (never
    the difference at the divergence itself, which would grow with the very error under test).
    Anything else is a "real bug".
-3. Per-token test (``pertoken``, ``pit``): independent speculative sequences, every emitted
+3. Per-token test (``pertoken``, ``stats.pit``): independent speculative sequences, every emitted
    token turned into a randomised PIT value against (a) the shape-matched rows (the run's
    own verify passes, checked against its output and, on a subset, reproduced by a full
    replay: the clean test of the decoder, uniform under a correct walk whatever the
@@ -44,18 +44,19 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingConfig
-from specdec.stats import first_difference, softmax_tv_bound, worst
 
-from .common import FAIL, PASS, WARN, fmt
+from .common import FAIL, PASS, WARN, first_difference, fmt, worst
 from .invariance import InvarianceResult, batch_invariance
 from .pertoken import SequenceScore, plain_rows, replay_rows, score_sequence
-from .pit import PowerRow, UniformityResult, power_table, sequence_mean_interval, uniformity_test
 from .prefix_cache import PrefixReuseLM
 from .progress import ProgressLog, revive
-from .seeds import derive_seed
+from .seeds import SeedPlan
 from .shape_matched import shape_matched_generate
-
-PLAIN_TV_THRESHOLD = 0.02  # per-token TV vs plain decoding that a caveat may not exceed
+from .stats.alternatives import PowerRow, power_table
+from .stats.intervals import sequence_mean_interval
+from .stats.thresholds import ALPHA, CONFIDENCE, N_BINS, PLAIN_TV_THRESHOLD, POWER
+from .stats.tv import softmax_tv_bound
+from .stats.uniformity import UniformityResult, uniformity_test
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,10 @@ class Level3Config:
     top_k: int = 0
     top_p: float = 1.0
     chunk: int = 4  # sequences per progress-log record
-    alpha: float = 0.01
-    power: float = 0.8
+    alpha: float = ALPHA
+    power: float = POWER
     power_trials: int = 200  # simulations per TV when the power is computed
-    bins: int = 20
+    bins: int = N_BINS
     seed: int = 0
 
     @property
@@ -277,19 +278,20 @@ class PerTokenResult:
 
 
 def summarize_scores(
-    scores: Sequence[SequenceScore], cfg: Level3Config, order: str
+    scores: Sequence[SequenceScore], cfg: Level3Config, order: str, seeds: SeedPlan
 ) -> PerTokenResult:
-    """Pool the sequences' PIT values (i.i.d. U(0, 1) under the null) and test them."""
+    """Pool the sequences' PIT values (i.i.d. U(0, 1) under the null) and test them; the
+    power simulation draws from ``seeds``' stream "l3/power"."""
     u_a = np.array([u for s in scores for u in s.u_shape_matched], dtype=np.float64)
     plain = [s for s in scores if s.u_plain is not None]
     u_b = np.array([u for s in plain for u in (s.u_plain or [])], dtype=np.float64)
     test_a = uniformity_test(u_a, cfg.alpha, cfg.bins)
     test_b = uniformity_test(u_b, cfg.alpha, cfg.bins) if plain else None
-    tv = sequence_mean_interval([s.tv_plain for s in plain if s.tv_plain is not None], 0.95)
-    seed = derive_seed(cfg.seed, "l3", "power")
+    tv = sequence_mean_interval([s.tv_plain for s in plain if s.tv_plain is not None], CONFIDENCE)
+    rng = seeds.rng("l3", "power")
 
     def power(n: int) -> list[PowerRow]:
-        return power_table(n, cfg.alpha, cfg.power, cfg.power_trials, seed, cfg.bins)
+        return power_table(n, cfg.alpha, cfg.power, cfg.power_trials, rng, cfg.bins)
 
     rounds = sum(s.n_rounds for s in scores)
     replayed = [s.replay_max_abs for s in scores if s.replay_max_abs is not None]
@@ -610,6 +612,7 @@ def run_level3(
     prediction in front of the draft (``drafters.prediction``; a fresh drafter each)."""
     say = progress or (lambda _msg: None)
     res = Level3Result(cfg, draft_label, target_label)
+    seeds = SeedPlan(cfg.seed)
     if "probe" in parts:
         t0 = time.perf_counter()
         probe_ids, res.probe_overlaps_greedy = _probe_prompts(prompts, cfg)
@@ -667,8 +670,8 @@ def run_level3(
                         k=cfg.k,
                         max_new_tokens=cfg.sample_tokens,
                         sampling=cfg.sampling,
-                        seed=derive_seed(cfg.seed, "l3", "spec", i, s),
-                        pit_seed=derive_seed(cfg.seed, "l3", "pit", i, s),
+                        seed=seeds.seed("l3", "spec", i, s),
+                        pit_generator=seeds.generator("l3", "pit", i, s),
                         with_plain=s < cfg.n_plain,
                     ).to_dict()
                     for s in range(c0, min(cfg.seeds, c0 + cfg.chunk))
@@ -681,6 +684,6 @@ def run_level3(
                     f"({time.perf_counter() - t0:.0f} s)"
                 )
                 scores.extend(_scores(done))
-        res.pertoken = summarize_scores(scores, cfg, order)
+        res.pertoken = summarize_scores(scores, cfg, order, seeds)
         res.seconds["pertoken"] = time.perf_counter() - t0
     return res

@@ -34,13 +34,15 @@ import torch
 
 from specdec import rejection
 from specdec.rejection import RandomSource, TorchRandom, enumerate_outcomes
-from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
-from specdec.stats import chisquare_gof
-from specdec.stats import worst as worst_of
+from specdec.sampling import SamplingConfig, logits_to_probs
 
-from .common import FAIL, PASS, TestRecord, apply_holm, fmt
+from .common import FAIL, PASS, fmt
+from .common import worst as worst_of
 from .progress import ProgressLog, revive
-from .seeds import derive_seed
+from .seeds import SeedPlan
+from .stats.chisquare import chisquare_gof
+from .stats.family import TestRecord, apply_holm
+from .stats.thresholds import ALPHA, EXACT_TOL, POWER
 
 WalkFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, RandomSource], tuple[int, int]]
 
@@ -185,9 +187,10 @@ class ExactCaseResult:
 
 
 def exact_case(
-    walk_fn: WalkFn, case: WalkCase, tol: float, max_fixed: int, seed: int
+    walk_fn: WalkFn, case: WalkCase, tol: float, max_fixed: int, rng: np.random.Generator
 ) -> ExactCaseResult:
-    """Exact check of one case (all fixed draft tuples, or a seeded sample of max_fixed)."""
+    """Exact check of one case (all fixed draft tuples, or a sample of max_fixed drawn with
+    ``rng``)."""
     p = case.p.double().numpy()
     if case.q is not None:
         dist = round_outcomes(walk_fn, case)
@@ -196,7 +199,6 @@ def exact_case(
     else:
         all_tuples = list(itertools.product(range(case.vocab), repeat=case.k))
         if len(all_tuples) > max_fixed:
-            rng = np.random.default_rng(seed)
             pick = rng.choice(len(all_tuples), size=max_fixed, replace=False)
             all_tuples = [all_tuples[i] for i in sorted(pick)]
         worst, wtv, outcomes = 0.0, 0.0, 0
@@ -211,12 +213,13 @@ def exact_case(
 
 
 # ------------------------------------------------------------------ Monte Carlo
-def position_counts(walk_fn: WalkFn, case: WalkCase, trials: int, seed: int) -> np.ndarray:
+def position_counts(walk_fn: WalkFn, case: WalkCase, trials: int, seeds: SeedPlan) -> np.ndarray:
     """counts [K+1, V]: counts[j, b] = rounds whose token j + 1 was b (reached only when
     tokens 1..j were accepted drafts). Rounds are independent; drafts are drawn from q (or
-    uniformly, for one-hot drafts) with their own generator."""
+    uniformly, for one-hot drafts) with their own generator (``seeds``: the case's plan)."""
     k, vocab = case.k, case.vocab
-    g_draft = make_generator(derive_seed(seed, "drafts"))
+    g_draft = seeds.generator("drafts")
+    g_walk = seeds.generator("walk")
     if k == 0:
         drafts = torch.zeros(trials, 0, dtype=torch.long)
     elif case.q is None:
@@ -229,7 +232,7 @@ def position_counts(walk_fn: WalkFn, case: WalkCase, trials: int, seed: int) -> 
             ],
             dim=1,
         )  # [trials, K]
-    rng = TorchRandom(make_generator(derive_seed(seed, "walk")))
+    rng = TorchRandom(g_walk)
     counts = np.zeros((k + 1, vocab), dtype=np.int64)
     for t in range(trials):
         n, nxt = walk_fn(case.p, case.q, drafts[t], rng)
@@ -239,10 +242,10 @@ def position_counts(walk_fn: WalkFn, case: WalkCase, trials: int, seed: int) -> 
 
 
 def mc_case_tests(
-    walk_fn: WalkFn, case: WalkCase, trials: int, min_count: int, seed: int
+    walk_fn: WalkFn, case: WalkCase, trials: int, min_count: int, seeds: SeedPlan
 ) -> list[TestRecord]:
     """Goodness-of-fit tests of one case (positions reached at least min_count times)."""
-    counts = position_counts(walk_fn, case, trials, seed)
+    counts = position_counts(walk_fn, case, trials, seeds)
     out = []
     for j in range(case.k + 1):
         if counts[j].sum() >= min_count:
@@ -261,13 +264,13 @@ class Level1Config:
     exact_vocab: int = 5
     exact_cases_per_cell: int = 1
     max_fixed_drafts: int = 256
-    exact_tol: float = 1e-6
+    exact_tol: float = EXACT_TOL
     mc_vocabs: tuple[int, ...] = (64,)
     mc_cases_per_cell: int = 1
     mc_trials: int = 4000
     mc_min_count: int = 100
-    alpha: float = 0.01
-    power: float = 0.8
+    alpha: float = ALPHA
+    power: float = POWER
     seed: int = 0
 
 
@@ -351,7 +354,8 @@ def run_level1(
     """Run the exact and Monte Carlo checks of the walk (``walk_fn``: the walk under test)."""
     t0 = time.perf_counter()
     res = Level1Result(cfg)
-    gen = make_generator(derive_seed(cfg.seed, "level1-exact"))
+    seeds = SeedPlan(cfg.seed)
+    gen = seeds.generator("level1-exact")
     for kind in cfg.kinds:
         for k in cfg.ks:
             for i in range(cfg.exact_cases_per_cell):
@@ -362,14 +366,12 @@ def run_level1(
                 if done is not None:
                     res.exact.append(done)
                     continue
-                r = exact_case(
-                    walk_fn, case, cfg.exact_tol, cfg.max_fixed_drafts, derive_seed(cfg.seed, key)
-                )
+                r = exact_case(walk_fn, case, cfg.exact_tol, cfg.max_fixed_drafts, seeds.rng(key))
                 res.exact.append(r)
                 if log:
                     log.put(key, asdict(r))
     raw: list[TestRecord] = []
-    gen = make_generator(derive_seed(cfg.seed, "level1-mc"))
+    gen = seeds.generator("level1-mc")
     for vocab in cfg.mc_vocabs:
         for kind in cfg.kinds:
             for k in cfg.ks:
@@ -382,7 +384,7 @@ def run_level1(
                         raw.extend(stored)
                         continue
                     recs = mc_case_tests(
-                        walk_fn, case, cfg.mc_trials, cfg.mc_min_count, derive_seed(cfg.seed, key)
+                        walk_fn, case, cfg.mc_trials, cfg.mc_min_count, seeds.child(key)
                     )
                     raw.extend(recs)
                     if log:

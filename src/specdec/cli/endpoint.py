@@ -215,10 +215,10 @@ def run_bench(args: argparse.Namespace) -> int:
     import asyncio
     import random
 
+    from specdec.bench.endpoint.report import write_report
+    from specdec.bench.endpoint.runner import EndpointBenchPlan, run_endpoint_bench
     from specdec.cli.common import parse_int_list
-    from specdec.endpoint.bench import EndpointBenchPlan, run_endpoint_bench
     from specdec.endpoint.pairing import make_sides
-    from specdec.endpoint.report import write_report
     from specdec.prompt_sets import select_prompts
 
     _refuse(
@@ -332,10 +332,11 @@ def run_certify(args: argparse.Namespace) -> int:
     import asyncio
     from pathlib import Path
 
+    from specdec.certify.common import FAIL
+    from specdec.certify.endpoint.plan import make_plan
+    from specdec.certify.endpoint.report import write_certificate
+    from specdec.certify.endpoint.run import run_endpoint_certify
     from specdec.certify.prompts import load_prompt_texts
-    from specdec.endpoint.certify import FAIL, make_plan
-    from specdec.endpoint.certify_report import write_certificate
-    from specdec.endpoint.certify_run import run_endpoint_certify
     from specdec.endpoint.pairing import make_sides
 
     _refuse(

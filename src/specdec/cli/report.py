@@ -26,10 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.endpoint.records import is_endpoint_results
+    from specdec.bench.endpoint.records import is_endpoint_results
 
     if is_endpoint_results(args.results):  # from `specdec bench --endpoint`
-        from specdec.endpoint.report import write_report as write_endpoint_report
+        from specdec.bench.endpoint.report import write_report as write_endpoint_report
 
         md = write_endpoint_report(args.results, args.out)
         print(f"report written to {printable(md)}")

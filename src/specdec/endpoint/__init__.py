@@ -1,4 +1,6 @@
-"""Measure and certify speculative decoding in a running OpenAI-compatible server.
+"""The client of a running OpenAI-compatible server, shared by ``specdec bench --endpoint``
+(``specdec.bench.endpoint``) and ``specdec certify --endpoint`` (``specdec.certify.endpoint``),
+below both: it imports neither.
 
 ``client``   one endpoint: streaming requests with per-request timing, retries, a rate bound
 ``wire``     reading a reply with bounds on its size and JSON depth (the time bound: client)
@@ -7,10 +9,7 @@
 ``capacity`` the open files a run's connections need, checked before it starts
 ``counters`` speculative counters from response bodies and Prometheus /metrics text
 ``pairing``  spec-on / spec-off: one server with a per-request switch, or two servers
-``bench``    spec-on vs spec-off over a concurrency sweep, JSONL results with resume
-``records``  reading a results file back (no HTTP client needed)
-``report``   markdown and a plot from a results file
-``certify``  greedy agreement and sampled two-sample tests, with stated power
+``errors``   what a user can cause (one line, exit status 2)
 (the ``--endpoint`` options of ``specdec bench`` and ``specdec certify`` live in
 ``specdec.cli.endpoint``)
 

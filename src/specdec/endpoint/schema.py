@@ -236,7 +236,7 @@ def prompt_logprobs(value: Any, path: str) -> tuple[PromptRow | None, ...] | Non
 
 
 @dataclass(frozen=True)
-class Completion:
+class CompletionBody:
     """A non-streamed reply's first choice and what comes with it."""
 
     text: str
@@ -267,7 +267,7 @@ def first_choice(body: Mapping[str, Any], *, required: bool) -> Mapping[str, Any
     return obj(items(raw, "choices")[0], "choices[0]")
 
 
-def completion(value: Any, api: Api) -> Completion:
+def completion(value: Any, api: Api) -> CompletionBody:
     body = obj(value, "the reply")
     choice = first_choice(body, required=True)
     assert choice is not None
@@ -281,7 +281,7 @@ def completion(value: Any, api: Api) -> Completion:
         if choice.get("text") is None:
             raise NoText("answered without text (choices[0].text)")
         got = text(choice["text"], "choices[0].text")
-    return Completion(
+    return CompletionBody(
         text=got,
         finish_reason=opt_text(choice.get("finish_reason"), "choices[0].finish_reason"),
         logprobs=logprobs(choice.get("logprobs"), "choices[0].logprobs"),

@@ -40,7 +40,7 @@ class Speculative(BaseModel):
     n_max: int | None = Field(default=None, ge=0, le=64)
 
 
-class Prediction(BaseModel):
+class PredictionContent(BaseModel):
     """OpenAI's Predicted Outputs: the output expected, or most of it (``drafters.prediction``).
     Content is text or a list of text parts."""
 
@@ -100,7 +100,7 @@ class GenerationFields(BaseModel):
     stream_options: StreamOptions | None = None
     speculative: Speculative | None = None
     speculative_n_max: int | None = Field(default=None, alias="speculative.n_max", ge=0, le=64)
-    prediction: Prediction | None = None
+    prediction: PredictionContent | None = None
 
     @field_validator("temperature", "top_p", "top_k", "n", "stream", mode="before")
     @classmethod

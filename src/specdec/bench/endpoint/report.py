@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdec.endpoint.records import GroupKey, group_key, read_records
 from specdec.errors import ConfigError
 from specdec.printable import printable
+
+from .records import GroupKey, group_key, read_records
 
 Level = tuple[str, int]  # (mode, concurrency)
 

@@ -7,7 +7,7 @@
 - **Resumable.** Every reply is appended to ``OUT/progress.jsonl`` as it arrives (the header
   holds the plan, the URLs and the model); ``resume=True`` reads the replies back and sends
   only the missing requests. A different plan or server is refused.
-- **Timed.** ``specdec.endpoint.pace`` records where the time goes, prints the time left, and
+- **Timed.** ``pace`` records where the time goes, prints the time left, and
   warns when one side is much slower per request than the other.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 import statistics
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -23,26 +22,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from specdec.certify.common import FAIL, PASS, WARN
 from specdec.certify.progress import ProgressLog, revive
 from specdec.endpoint.capacity import ensure_open_files
-from specdec.endpoint.certify import (
-    FAIL,
-    PASS,
-    STATISTICS,
-    WARN,
-    EndpointCertificate,
-    EndpointCertifyPlan,
-    GreedyCase,
-    compare_greedy,
-    joint_holm,
-    sampled_tests,
-)
 from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.counters import SpecCounters, has_known_series, metrics_counters
 from specdec.endpoint.errors import BadReply, EndpointError
-from specdec.endpoint.pace import Pace
 from specdec.endpoint.pairing import (
     TWO_SERVERS,
     Sides,
@@ -50,32 +35,27 @@ from specdec.endpoint.pairing import (
     open_clients,
     probe_switch,
 )
-from specdec.endpoint.pertoken import (
+
+from .certificate import EndpointCertificate
+from .greedy import GreedyCase, compare_greedy
+from .pace import Pace
+from .pertoken import (
     TOKEN_IDS,
-    PerTokenResult,
+    EndpointPerTokenResult,
     pertoken_test,
     pit_of_completion,
     probe_pertoken,
     scoring_request,
 )
+from .plan import EndpointCertifyPlan
+from .sampled import STATISTICS, joint_holm, sampled_tests
+from .seeds import EndpointSeedPlan
 
 PROGRESS_FILE = "progress.jsonl"
 PILOT = 4  # requests per side that time the sampled part under a budget (not tested)
 ANALYSIS_S = 15.0  # what the budget keeps for the power simulations
 BUDGET_KEY = "budget:samples"
 SIDES = ("on", "off")
-
-
-def _seeds(plan: EndpointCertifyPlan, prompt_index: int) -> tuple[list[int], list[int]]:
-    """Disjoint seeds for the two sides of one prompt (from the plan's seed only)."""
-    rng = np.random.default_rng([plan.seed, prompt_index])
-    seeds = rng.choice(2**31 - 1, size=2 * plan.samples, replace=False)
-    return [int(s) for s in seeds[: plan.samples]], [int(s) for s in seeds[plan.samples :]]
-
-
-def _pit_uniforms(plan: EndpointCertifyPlan, prompt_index: int, sample: int) -> np.ndarray:
-    """The per-token test's auxiliary uniforms of one completion (fixed before any data)."""
-    return np.random.default_rng([plan.seed, 7, prompt_index, sample]).random(plan.sample_tokens)
 
 
 # -- replies as stored in the progress file ----------------------------------------------------
@@ -192,8 +172,10 @@ class _Run:
         off: EndpointClient,
         store: ProgressLog,
         pace: Pace,
+        seeds: EndpointSeedPlan,
     ) -> None:
         self.plan, self.sides, self.on, self.off = plan, sides, on, off
+        self.seeds = seeds
         self.store, self.pace = store, pace
         self.gates = Gates(sides, plan.concurrency)
         self.drafted: list[int] = []
@@ -231,7 +213,7 @@ class _Run:
                 prompt,
                 plan.greedy_tokens,
                 temperature=0.0,
-                seed=plan.seed + i,
+                seed=self.seeds.greedy_seed(i),
                 logprobs=plan.top_logprobs if logprobs else None,
                 stream=False,
                 label=f"greedy prompt {i + 1}",
@@ -335,7 +317,6 @@ class _Run:
         that the tests never use."""
         plan = self.plan
         text = plan.sampled_texts()[0]
-        rng = np.random.default_rng([plan.seed, 99])
         times: dict[str, list[float]] = {"on": [], "off": [], "score": []}
 
         async def one(side: str, seed: int) -> None:
@@ -353,7 +334,7 @@ class _Run:
                     s = await self.off.generate(sreq)
                 times["score"].append(s.e2e_s)
 
-        seeds = [int(x) for x in rng.integers(0, 2**31 - 1, size=2 * PILOT)]
+        seeds = self.seeds.pilot_seeds(2 * PILOT)
         jobs = [one(side, seeds[2 * j + i]) for j in range(PILOT) for i, side in enumerate(SIDES)]
         await _all(jobs)
 
@@ -397,7 +378,7 @@ class _Run:
         results_off: list[list[str]] = []
         for i in range(len(texts)):
             self.pace.log(f"sampled prompt {i + 1}/{len(texts)}: {plan.samples} requests per side")
-            seeds_on, seeds_off = _seeds(plan, i)
+            seeds_on, seeds_off = self.seeds.request_seeds(i, plan.samples)
             coros = []
             for k, (s_on, s_off) in enumerate(zip(seeds_on, seeds_off, strict=True)):
                 coros += [one(i, k, "on", s_on), one(i, k, "off", s_off)]  # interleaved
@@ -435,7 +416,8 @@ class _Run:
                 f"rows for a prompt of {len(prompt_ids) + len(ids)} tokens"
             )
         tail = rows[len(prompt_ids) :]
-        u = pit_of_completion(tail, ids, _pit_uniforms(self.plan, i, k), self.plan.pertoken_top)
+        v = self.seeds.pit_uniforms(i, k, self.plan.sample_tokens)  # [sample_tokens]
+        u = pit_of_completion(tail, ids, v, self.plan.pertoken_top)
         top = self.plan.pertoken_top
         n_in = sum(1 for row, t in zip(tail, ids, strict=True) if row and 1 <= row[t][1] <= top)
         self.in_top += n_in
@@ -496,6 +478,7 @@ async def _collect(
     progress: Callable[[str], None],
     path: Path | None,
     resume: bool,
+    seeds: EndpointSeedPlan,
 ) -> _Collected:
     """Every request of the run: setup and probes, greedy, pilot, sampled (and scoring)."""
     with pace.phase("setup"):
@@ -521,7 +504,7 @@ async def _collect(
         check = await probe_switch(on, off, sides.switch)
         notes.extend(check.notes)
         metrics_before = await on.scrape_metrics()
-    run = _Run(plan, sides, on, off, store, pace)
+    run = _Run(plan, sides, on, off, store, pace, seeds)
 
     greedy: list[GreedyCase] = []
     if plan.greedy_prompts:
@@ -587,24 +570,25 @@ async def run_endpoint_certify(
     notes: list[str] = []
     connections = plan.concurrency + 1  # + a follow-up row or /tokenize outside the gates
     ensure_open_files(2 * connections, f"--concurrency {plan.concurrency}")
-    on, off = open_clients(sides, random.Random(plan.seed), connections=connections)
+    seeds = EndpointSeedPlan(plan.seed)
+    on, off = open_clients(sides, seeds.client_rng(), connections=connections)
     path = Path(out_dir) / PROGRESS_FILE if out_dir is not None else None
     try:
         async with asyncio.timeout(network_budget(plan)), on, off:  # None: no deadline
-            got = await _collect(plan, sides, on, off, pace, notes, progress, path, resume)
+            got = await _collect(plan, sides, on, off, pace, notes, progress, path, resume, seeds)
     except TimeoutError as e:
         raise EndpointError(budget_spent(plan, pace, path)) from e
     plan, prompt_ids = got.plan, got.prompt_ids
 
     with pace.phase("analysis"):
         family = len(STATISTICS) + (prompt_ids is not None)
-        rng = np.random.default_rng(plan.seed + 12345)
+        rng = seeds.sampled_power_rng()
         tests = (
             sampled_tests(got.texts_on, got.texts_off, plan, rng, family=family)
             if plan.sampled_prompts
             else []
         )
-        pertoken: PerTokenResult | None = None
+        pertoken: EndpointPerTokenResult | None = None
         if prompt_ids is not None:
             u = got.u
             pertoken = pertoken_test(
@@ -615,7 +599,7 @@ async def run_endpoint_certify(
                 level=plan.alpha / family,
                 power=plan.power,
                 trials=plan.power_trials,
-                seed=plan.seed + 777,
+                rng=seeds.pertoken_power_rng(),
             )
         tests, pertoken = joint_holm(tests, pertoken, plan.alpha)
 

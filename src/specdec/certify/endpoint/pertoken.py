@@ -8,7 +8,7 @@ prompt P + c with ``prompt_logprobs = N``: one prefill pass that returns, for ev
 the top-N tokens by rank with their log-probabilities and the log-probability of the token
 that is there. No re-tokenisation happens anywhere: the ids are the spec-on server's own.
 
-The transform is the randomised PIT of ``specdec.certify.pit`` on a coarsened row: the top-N
+The transform is the randomised PIT of ``specdec.certify.stats.pit`` on a coarsened row: the top-N
 tokens in rank order, then one category for the rest of the vocabulary (mass 1 - sum of the
 top N). With V ~ U(0, 1) drawn by the client,
 
@@ -27,14 +27,16 @@ and its decoding passes. The stated power is for the TV on the coarsened categor
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
+from specdec.certify.stats.alternatives import alternatives, common_uniforms, min_detectable_tv
+from specdec.certify.stats.pit import top_n_pit
+from specdec.certify.stats.uniformity import UniformityResult, uniformity_test
 from specdec.endpoint.client import EndpointClient, PromptRow, Request
 from specdec.endpoint.errors import BadReply, EndpointError
 
@@ -119,45 +121,53 @@ def pit_of_completion(
         row = rows[j]
         if row is None or tid not in row:
             raise EndpointError("the scoring reply lacks the row of a sampled token")
-        ranked = sorted(
-            ((rank, t, lp) for t, (lp, rank) in row.items() if 1 <= rank <= top),
-            key=lambda x: (x[0], x[1]),
-        )
-        probs = [math.exp(lp) for _, _, lp in ranked]
-        mass = min(1.0, sum(probs))
-        p_x = math.exp(row[tid][0])
-        if p_x <= 0.0:
-            out.append(math.nan)
-            continue
-        before = 0.0
-        for (_, t, _), p in zip(ranked, probs, strict=True):
-            if t == tid:
-                out.append(min(1.0, before + float(v[j]) * p))
-                break
-            before += p
-        else:  # outside the top N: the rest of the vocabulary is one category
-            out.append(min(1.0, mass + float(v[j]) * (1.0 - mass)))
+        out.append(top_n_pit(row, tid, float(v[j]), top))
     return out
 
 
 @dataclass(frozen=True)
-class PerTokenResult:
-    n_tokens: int
+class EndpointPerTokenResult:
+    """The per-token test of an endpoint: the uniformity test of the pooled PIT values, where
+    it stands in the certificate's Holm family, and its power."""
+
+    uniformity: UniformityResult  # at the level of Holm's first step
     n_completions: int
-    top: int
-    impossible: int
-    ad_pvalue: float
-    chi2_pvalue: float
-    pvalue: float  # Bonferroni over the two tests of uniformity
+    top: int  # N of the coarsened rows (top N + the rest)
+    in_top: float  # fraction of sampled tokens among the spec-off row's top N
+    min_detectable_tv: dict[str, float]  # per alternative, at the level of Holm's first step
     adjusted_p: float  # Holm, in the certificate's family
     rejected: bool
-    ks_statistic: float
-    tv_lower: float  # lower (1 - alpha) bound on the PIT's TV from uniformity (DKW)
-    min_detectable_tv: dict[str, float]  # per alternative, at the level of Holm's first step
-    in_top: float  # fraction of sampled tokens among the spec-off row's top N
+
+    @property
+    def n_tokens(self) -> int:
+        return self.uniformity.n
+
+    @property
+    def impossible(self) -> int:
+        return self.uniformity.impossible
+
+    @property
+    def pvalue(self) -> float:
+        """Bonferroni over the two tests of uniformity (0 with an impossible token)."""
+        return self.uniformity.pvalue
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        u = self.uniformity
+        return {
+            "n_tokens": u.n,
+            "n_completions": self.n_completions,
+            "top": self.top,
+            "impossible": u.impossible,
+            "ad_pvalue": u.ad_pvalue,
+            "chi2_pvalue": u.chi2_pvalue,
+            "pvalue": u.pvalue,
+            "adjusted_p": self.adjusted_p,
+            "rejected": self.rejected,
+            "ks_statistic": u.ks_statistic,
+            "tv_lower": u.tv_lower,  # lower (1 - alpha) bound on the PIT's TV (DKW)
+            "min_detectable_tv": dict(self.min_detectable_tv),
+            "in_top": self.in_top,
+        }
 
 
 def pertoken_test(
@@ -169,31 +179,14 @@ def pertoken_test(
     level: float,
     power: float,
     trials: int,
-    seed: int,
-) -> PerTokenResult:
+    rng: np.random.Generator,
+) -> EndpointPerTokenResult:
     """The uniformity test of the pooled U (at ``level``; Holm is applied by the caller) and
-    the smallest per-token TV it detects with ``power`` for each stated alternative."""
-    from specdec.certify.pit import alternatives, min_detectable_tv, uniformity_test
-
+    the smallest per-token TV it detects with ``power`` for each stated alternative (from
+    ``trials`` simulated samples drawn once from ``rng``)."""
     arr = np.asarray(u, dtype=np.float64)
     res = uniformity_test(arr, level)
     alts = {a.name: a for a in alternatives()}
-    mdt = {
-        name: min_detectable_tv(alts[name], res.n, level, power, trials, seed)
-        for name in ALTERNATIVES
-    }
-    return PerTokenResult(
-        n_tokens=res.n,
-        n_completions=n_completions,
-        top=top,
-        impossible=res.impossible,
-        ad_pvalue=res.ad_pvalue,
-        chi2_pvalue=res.chi2_pvalue,
-        pvalue=res.pvalue,
-        adjusted_p=res.pvalue,
-        rejected=res.rejected,
-        ks_statistic=res.ks_statistic,
-        tv_lower=res.tv_lower,
-        min_detectable_tv=mdt,
-        in_top=in_top,
-    )
+    base = common_uniforms(trials, res.n, rng)  # [trials, n]
+    mdt = {name: min_detectable_tv(alts[name], base, level, power) for name in ALTERNATIVES}
+    return EndpointPerTokenResult(res, n_completions, top, in_top, mdt, res.pvalue, res.rejected)

@@ -7,9 +7,10 @@ import json
 import math
 from pathlib import Path
 
-from specdec.endpoint.certify import LIMITS, VERDICT, EndpointCertificate
-from specdec.endpoint.pertoken import ALTERNATIVES
 from specdec.printable import printable
+
+from .certificate import LIMITS, VERDICT, EndpointCertificate
+from .pertoken import ALTERNATIVES
 
 
 def _src(source: str | None) -> str:
@@ -108,6 +109,7 @@ def _pertoken_section(cert: EndpointCertificate) -> list[str]:
     pt = cert.pertoken
     if pt is None:
         return [*out, f"Not run: {printable(cert.pertoken_note or 'no sampled part')}."]
+    u = pt.uniformity
     out.append(
         f"{pt.n_tokens} tokens of {pt.n_completions} spec-on completions, each scored against "
         f"the spec-off server's row at its position (prompt_logprobs, top {pt.top} by rank + "
@@ -120,9 +122,9 @@ def _pertoken_section(cert: EndpointCertificate) -> list[str]:
         "| tokens | in top N | impossible | AD p | chi2 p | p | Holm p | rejected | KS | "
         "TV lower bound |",
         "|---|---|---|---|---|---|---|---|---|---|",
-        f"| {pt.n_tokens} | {_f(pt.in_top, '.1%')} | {pt.impossible} | {_f(pt.ad_pvalue)} | "
-        f"{_f(pt.chi2_pvalue)} | {_f(pt.pvalue)} | {_f(pt.adjusted_p)} | "
-        f"{'**yes**' if pt.rejected else 'no'} | {_f(pt.ks_statistic)} | {_f(pt.tv_lower)} |",
+        f"| {pt.n_tokens} | {_f(pt.in_top, '.1%')} | {pt.impossible} | {_f(u.ad_pvalue)} | "
+        f"{_f(u.chi2_pvalue)} | {_f(pt.pvalue)} | {_f(pt.adjusted_p)} | "
+        f"{'**yes**' if pt.rejected else 'no'} | {_f(u.ks_statistic)} | {_f(u.tv_lower)} |",
         "",
         "Smallest per-token TV (on the top-N + rest categories) found with 80 % probability "
         "at the level of Holm's first step (simulated): "

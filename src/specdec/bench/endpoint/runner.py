@@ -40,10 +40,11 @@ from specdec.endpoint.pairing import (
     open_clients,
     probe_switch,
 )
-from specdec.endpoint.records import GroupKey, finished_groups, read_records
 from specdec.errors import ConfigError
 from specdec.printable import printable
 from specdec.prompt_sets import Prompt
+
+from .records import GroupKey, finished_groups, read_records
 
 SCHEMA = "specdec-endpoint-bench/1"
 MODES = ("greedy", "sampled")
@@ -107,7 +108,7 @@ def first_side(group: int) -> str:
 
 
 @dataclass
-class BenchOutcome:
+class EndpointBenchOutcome:
     measured_groups: int = 0
     skipped_groups: int = 0
     notes: list[str] = field(default_factory=list)
@@ -196,9 +197,9 @@ async def run_endpoint_bench(
     argv: Sequence[str],
     seed_rng: random.Random,
     log: Callable[[str], None],
-) -> BenchOutcome:
+) -> EndpointBenchOutcome:
     """Run the plan against the two sides, appending to ``out``."""
-    outcome = BenchOutcome()
+    outcome = EndpointBenchOutcome()
     clients = max(plan.concurrency)
     # both sides' pools are open at once (one connection per client each)
     ensure_open_files(2 * clients, f"--concurrency {clients}")
