@@ -40,7 +40,7 @@ from specdec.pairs import (
     load_pair,
 )
 from specdec.policy import FixedK, KPolicy, capped_adaptive_k
-from specdec.prompting import Message, encode_request
+from specdec.prompting import Message, check_text, encode_request, encode_text
 from specdec.sampling import SamplingConfig
 from specdec.stops import StopMatcher, check_stops
 from specdec.theory import Costs
@@ -261,11 +261,17 @@ class Pair:
             return self.draft.costs
         return measured_costs(self.config.target, self.target) if self.config else None
 
-    def prediction_drafter(self, prediction: str | Sequence[int]) -> PredictionDrafter:
-        """A drafter of ``prediction`` (text, tokenized once as plain text, or token ids) in
-        front of the pair's own drafter, which drafts where the prediction has no match."""
+    def prediction_drafter(
+        self, prediction: str | Sequence[int], *, parse_special: bool = False
+    ) -> PredictionDrafter:
+        """A drafter of ``prediction`` (text, tokenized once as text: special-token text in
+        it too, unless ``parse_special``; or token ids) in front of the pair's own drafter,
+        which drafts where the prediction has no match."""
         if isinstance(prediction, str):
-            ids = self.target.tokenizer.encode(prediction, add_special_tokens=False)
+            check_text(prediction, "the prediction")
+            ids = encode_text(
+                self.target, prediction, add_special_tokens=False, parse_special=parse_special
+            )
         else:
             ids = [int(t) for t in prediction]
             if any(not 0 <= t < self.target.vocab_size for t in ids):
@@ -347,10 +353,10 @@ class Pair:
                         without it: only the speed changes. ``result.prediction_tokens()``
                         (and ``stats``) count accepted / rejected prediction tokens. K caps
                         each draft (default 16); k=0 ignores the prediction.
-        parse_special:  read special-token text (such as ``<|im_end|>``) inside the chat
-                        messages as special tokens; by default a message's text is text, so
-                        it cannot end its turn or open another (a raw prompt is always
-                        parsed as it is).
+        parse_special:  read special-token text (such as ``<|im_end|>``) inside the text
+                        given (the prompt, the messages, the prediction) as special tokens;
+                        by default all of it is text, so a message cannot end its turn or
+                        open another, and a raw prompt or a prediction cannot forge one.
         """
         sampling, stops = check_request(
             k=k,
@@ -376,7 +382,7 @@ class Pair:
         policy: KPolicy
         drafter: CausalLM | Drafter | None = self.draft
         if prediction is not None:
-            drafter = self.prediction_drafter(prediction)
+            drafter = self.prediction_drafter(prediction, parse_special=parse_special)
         if k is None and self.auto is not None and prediction is None:
             policy = self.auto.policy()
         else:

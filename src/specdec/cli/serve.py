@@ -46,8 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--parse-special",
         action="store_true",
-        help="read special-token text inside chat messages (such as <|im_end|>) as special "
-        "tokens; by default it is plain text, so a message cannot forge a turn",
+        help="read special-token text (such as <|im_end|>) inside prompts, chat messages and "
+        "predictions as special tokens; by default it is plain text, so no request can forge "
+        "a turn",
     )
     add_speculation_args(p, serving=True)
     p.add_argument(
