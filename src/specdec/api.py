@@ -240,7 +240,8 @@ class Pair:
     profile's choice when the profile or the machine default chose (``load``); ``config`` the
     resolved configuration it was loaded from (when it came from ``load``), whose target's
     measured costs (``target_costs``) size the drafts of a prediction (``stream(prediction=)``;
-    a pair built from models alone drafts a prediction as far as K allows)."""
+    a pair built from models alone drafts a prediction as far as K allows). ``log`` hears
+    when those costs are measured (the first time on a machine: seconds)."""
 
     def __init__(
         self,
@@ -248,18 +249,22 @@ class Pair:
         draft: CausalLM | Drafter | None,
         auto: AutoChoice | None = None,
         config: Configuration | None = None,
+        log: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.target = target
         self.draft = draft
         self.auto = auto
         self.config = config
+        self.log = log
 
     def target_costs(self) -> Costs | None:
         """The target's costs: a planned drafter's own, else (for a pair from ``load``) measured
-        once per machine and cached, else None."""
+        once per machine and cached (``log`` hears when), else None."""
         if isinstance(self.draft, PlannedSuffixDrafter):
             return self.draft.costs
-        return measured_costs(self.config.target, self.target) if self.config else None
+        if self.config is None:
+            return None
+        return measured_costs(self.config.target, self.target, self.log)
 
     def prediction_drafter(
         self, prediction: str | Sequence[int], *, parse_special: bool = False
@@ -507,7 +512,7 @@ def load(
     prompt_tokens, new_tokens: the size of the requests to come, when the profile chooses
                      (a prompt much longer than the probe's re-ranks its choices).
     log:             hears about a profile that ``auto`` runs first, and when the target's
-                     costs are measured for a planned drafter.
+                     costs are measured (for a planned drafter, or a request's prediction).
     """
     config = resolve(  # what to run, and why
         target,
@@ -530,4 +535,4 @@ def load(
     draft_model, target_model = load_pair(
         config.draft, config.target, costs=config.costs, draft_window=config.draft_window
     )
-    return Pair(target_model, draft_model, config.choice, config=config)
+    return Pair(target_model, draft_model, config.choice, config=config, log=log)

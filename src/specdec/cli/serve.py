@@ -118,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     pair = load_from_args(args)
     config = pair.config
     assert config is not None
+    if pair.draft is not None:  # the costs that size a prediction's drafts: measured now (once
+        pair.target_costs()  # per machine, and said), not inside the first such request
     name = args.served_model_name or Path(args.target).name.removesuffix(".gguf")
     config_ = ServeConfig(
         settings=ServeSettings(

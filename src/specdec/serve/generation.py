@@ -154,8 +154,11 @@ def plan(
         raise FieldError(param, str(e)) from e
     room = n_ctx - len(prompt_ids)  # more than fits is cut at the window ("length")
     k = req.k_override()
+    # a server without a drafter (--draft none, -k 0) decodes every request plainly: a
+    # prediction is checked and counted (0 accepted, 0 rejected), never drafted
+    drafted = prediction if req.prediction is not None and pair.draft is not None else None
     # a prediction sizes its own drafts (Pair.stream caps them at 16)
-    k_default = None if k is None and req.prediction is not None else settings.k
+    k_default = None if k is None and drafted is not None else settings.k
     return GenerationParams(
         prompt_ids=prompt_ids,
         max_new_tokens=min(wanted or settings.default_max_tokens, room),
@@ -165,7 +168,7 @@ def plan(
         top_p=req.top_p,
         seed=req.seed if req.seed is not None else secrets.randbits(63),
         stops=tuple(req.stop or ()),
-        prediction=prediction if req.prediction is not None else None,
+        prediction=drafted,
     )
 
 
