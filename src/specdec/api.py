@@ -357,7 +357,8 @@ class Pair:
                         drafter drafts elsewhere), so the output is exactly what it would be
                         without it: only the speed changes. ``result.prediction_tokens()``
                         (and ``stats``) count accepted / rejected prediction tokens. K caps
-                        each draft (default 16); k=0 ignores the prediction.
+                        each draft (default 64; the drafts are sized by the target's measured
+                        verify cost below it); k=0 ignores the prediction.
         parse_special:  read special-token text (such as ``<|im_end|>``) inside the text
                         given (the prompt, the messages, the prediction) as special tokens;
                         by default all of it is text, so a message cannot end its turn or

@@ -157,7 +157,7 @@ def plan(
     # a server without a drafter (--draft none, -k 0) decodes every request plainly: a
     # prediction is checked and counted (0 accepted, 0 rejected), never drafted
     drafted = prediction if req.prediction is not None and pair.draft is not None else None
-    # a prediction sizes its own drafts (Pair.stream caps them at 16)
+    # a prediction sizes its own drafts (Pair.stream caps them at PLANNED_K)
     k_default = None if k is None and drafted is not None else settings.k
     return GenerationParams(
         prompt_ids=prompt_ids,
