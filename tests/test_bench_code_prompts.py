@@ -90,3 +90,30 @@ def test_a_user_file_named_like_a_set_in_a_folder_is_still_a_file(tmp_path: Path
     assert [p.text for p in load_prompt_file(path)] == ["one prompt"]
     with pytest.raises(ConfigError, match="not found"):
         load_prompts(tmp_path / "code_edit")
+
+
+def test_long_edits_are_pages_passed_as_their_own_predictions() -> None:
+    """The long-document set: 12 requests, prose and code, each prompt holding the page that
+    is its prediction; the bundled file is what the builder makes from the bundled data."""
+    import sys
+
+    from specdec.prompt_sets import LONG_EDIT, load_long_edit, select_prompts
+
+    prompts = load_long_edit()
+    assert len(prompts) == 12 and {p.category for p in prompts} == {LONG_EDIT}
+    kinds = Counter(p.fine_category for p in prompts)
+    assert kinds == dict.fromkeys(
+        ("typos", "rename_name", "add_title", "rename_function", "add_comments", "reindent"), 2
+    )
+    for p in prompts:
+        assert p.prediction is not None and len(p.prediction) >= 2000  # a page
+        assert p.prediction in p.text  # the request quotes the page it edits
+    assert [p.id for p in select_prompts(LONG_EDIT)] == [p.id for p in prompts]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import make_long_edit_set
+
+    rows = make_long_edit_set.prose_requests() + make_long_edit_set.code_requests()
+    data = resources.files("specdec").joinpath("data", "long_edit")
+    bundled = [json.loads(x) for x in data.joinpath("prompts.jsonl").read_text().splitlines()]
+    assert [{"category": LONG_EDIT, **r} for r in rows] == bundled
+    assert data.joinpath("LICENSE").read_text().startswith("The MIT License")

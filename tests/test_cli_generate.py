@@ -241,5 +241,25 @@ def test_demo_shows_the_verdict_and_a_code_edit_with_its_prediction(
     assert "no profile yet" in err and "task code_predict:rename_1" in err
     assert "[specdec plain]" in err and "[specdec with the prediction]" in err
     assert "prediction " in err and "outputs identical: yes" in err
+    assert "llama-cpp-python's own loop: not measured" in err  # a mock is no llama.cpp model
     rc, _, err = run_cli(capsys, "demo", "--target", "mock:target", "--task", "nope")
     assert rc == 2 and "no task 'nope'" in err
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+def test_demo_measures_llama_cpp_pythons_own_loop_on_the_same_request(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a llama.cpp target the demo also runs llama-cpp-python's own loop on the request
+    and states the speculative speed against it (no timing asserted: only that it ran, on
+    the same request, with plain decoding's output)."""
+    from tiny_models import llama_cpp_or_skip, store_model_or_skip
+
+    llama_cpp_or_skip()
+    path = store_model_or_skip()
+    rc, _, err = run_cli(capsys, "demo", "--target", str(path), "-n", "24", "--threads", "2")
+    assert rc == 0
+    line = next(x for x in err.splitlines() if "against llama-cpp-python's own loop" in x)
+    assert "x with the prediction" in line and "specdec's plain loop" in line
+    assert "its output is plain decoding's: " in line

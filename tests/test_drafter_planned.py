@@ -17,8 +17,10 @@ from seq_dist import first_tokens_pvalue
 from specdec.decoding import GenerationResult, generate
 from specdec.drafters.planned import (
     BUCKETS,
+    COPY,
     EXPLORE_LEN,
     EXPLORE_TRIALS,
+    REPEAT,
     MatchPlanner,
     PlannedSuffixDrafter,
     Rate,
@@ -36,9 +38,12 @@ from specdec.theory import Costs
 SERIAL = Costs(verify_s=tuple(float(n) for n in range(1, 17)), prefill_tps=1e3)
 FLAT = Costs(verify_s=tuple(1.0 + 0.02 * n for n in range(16)), prefill_tps=1e3)
 # the measured llama.cpp curve of the 1.5B Q4_K_M on the 2-core development machine
-# (benchmarks/results/verify-curve-1.5b-q4_k_m-wide.json, default setting), as ratios
+# (benchmarks/results/verify-curve-1.5b-q4_k_m-wide.json, default setting), as ratios for
+# n = 1..17 (linear between the measured n: 1-6, 8, 12, 16, 24); a draft of 16 needs 17 rows
 LLAMACPP_HERE = Costs(
-    verify_s=(1.0, 1.54, 2.07, 2.34, 2.96, 3.34, 4.5, 5.66, 6.0, 6.4, 6.8, 7.12),
+    verify_s=(1.0, 1.54, 2.07, 2.34, 2.96, 3.34, 4.5, 5.66, 6.02, 6.39, 6.76, 7.12)
+    + (7.12,) * 4
+    + (7.59,),
     prefill_tps=1e3,
 )
 
@@ -152,7 +157,8 @@ def test_it_learns_how_much_of_each_draft_the_context_kept() -> None:
     assert draft and draft[0] == 4
     # the verifier kept one token and emitted 9 where the draft had draft[1]
     d.rollback([*ctx, draft[0], 9])
-    assert d.planner.trace == [(inner.last_match_len, len(draft), 1)]
+    assert d.planners[COPY].trace == [(inner.last_match_len, len(draft), 1)]
+    assert d.planners[REPEAT].trace == []  # the draft copied the prompt
 
 
 def test_planned_needs_costs_and_is_a_model_free_reference() -> None:
@@ -272,3 +278,32 @@ def test_the_profiles_round_walk_probe_reproduces_a_real_runs_rounds(costs: Cost
     assert list(plan.drafted) == [r.k for r in real.rounds]
     assert list(plan.kept) == [r.n_accepted for r in real.rounds]
     assert any(r.k > 0 for r in real.rounds)  # it drafted: the comparison is not trivial
+
+
+def test_copies_of_the_prompt_and_repeats_of_the_output_learn_apart_and_draft_up_to_64() -> None:
+    """The planned drafter keeps one planner per source: a draft copying the prompt teaches
+    the copy planner, one repeating the output's own text the repeat planner. Its suffix
+    drafter drafts up to 64 tokens, so on a flat 65-row curve a long verbatim copy of the
+    prompt is drafted in passes past 17 rows (``planned:max_draft=16`` keeps the old cap)."""
+    from specdec.drafters.planned import planned_suffix
+    from specdec.profiler.measure import round_walk_probe
+
+    flat65 = Costs(verify_s=tuple(1.0 + 0.01 * n for n in range(65)), prefill_tps=1e3)
+    body = list(range(20, 320))
+    prompt = [*body, 7, 8]
+    for opts, cap in (("", 64), ("max_draft=16", 16)):
+        d = PlannedSuffixDrafter(planned_suffix(opts), flat65)
+        seq = round_walk_probe(d, prompt, body, 64)
+        assert max(drafted for drafted, _ in seq.proposals or ()) == cap
+    d = PlannedSuffixDrafter(planned_suffix(), flat65)
+    gen = torch.Generator().manual_seed(0)
+    d.propose(prompt, 8, GREEDY, gen)  # the prompt's first context: no match yet
+    ctx = [*prompt, *body[:4]]
+    d.propose(ctx, 8, GREEDY, gen)  # copies the prompt
+    d.rollback([*ctx, *body[4:6], 99])
+    assert len(d.planners[COPY].trace) == 1 and d.planners[REPEAT].trace == []
+    ctx = [*ctx, *body[4:6], 99, *body[4:6]]  # the output repeats its own "body[4:6] 99"
+    draft = d.propose(ctx, 8, GREEDY, gen)
+    assert draft.tokens[:1] == [99]
+    d.rollback([*ctx, 99, 5])
+    assert len(d.planners[REPEAT].trace) == 1

@@ -21,8 +21,8 @@ from specdec.drafters.base import Draft
 from specdec.drafters.prediction import (
     SOURCE,
     PredictionDrafter,
-    PredictionIndex,
 )
+from specdec.drafters.span_index import SpanIndex
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.models.mock import MockLM, MockSpec
 from specdec.sampling import GREEDY, SamplingConfig
@@ -39,7 +39,7 @@ def _propose(d: PredictionDrafter, context: list[int], k: int = 8) -> Draft:
 
 # ---------------------------------------------------------------------------- the index
 def test_resync_prefers_the_longest_match_then_the_nearest_ahead() -> None:
-    index = PredictionIndex([1, 2, 3, 9, 1, 2, 3, 4, 5, 1, 2, 7])
+    index = SpanIndex([1, 2, 3, 9, 1, 2, 3, 4, 5, 1, 2, 7])
     # "1 2" ends at 2, 6 and 11; "9 1 2" only at 6 -> the longer match wins
     assert index.resync([9, 1, 2], expected=0) == (6, 3)
     # equal length: the nearest at or ahead of where the output left wins, then behind
@@ -200,3 +200,144 @@ def test_sampled_output_follows_the_exact_target_distribution(name: str) -> None
     assert len(rounds) > N_SEQ // 4  # it drafted from the prediction
     assert sum(r.n_accepted < r.k for r in rounds) > N_SEQ // 20  # and was rejected
     assert p > 1e-3
+
+
+# --------------------------------------------------- bounded re-synchronisation (42.3)
+class CountingTokens(list[int]):
+    """The prediction's tokens, counting every read (what re-synchronising scans)."""
+
+    reads = 0
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+        got = super().__getitem__(i)
+        CountingTokens.reads += len(got) if isinstance(i, slice) else 1
+        return got
+
+
+def _most_reads_per_round(n_tokens: int) -> int:
+    """Prediction reads of the busiest round, replaying an output that follows a periodic
+    prediction (1 2 3 4 5 ...) but leaves it every 7 tokens with three tokens it lacks (9):
+    it rejoins on a token pair that occurs at every period of the prediction."""
+    from specdec.profiler.measure import round_walk_probe
+
+    pattern = [1, 2, 3, 4, 5]
+    prediction = pattern * (n_tokens // len(pattern))
+    output = [
+        t for i, t in enumerate(prediction[:300]) for t in ((t, 9, 9, 9) if i % 7 == 6 else (t,))
+    ]
+    d = PredictionDrafter(prediction, costs=FLAT)
+    d.index.tokens = CountingTokens(d.index.tokens)
+    reads: list[int] = []
+    propose = d.propose
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        before = CountingTokens.reads
+        draft = propose(*args, **kwargs)
+        reads.append(CountingTokens.reads - before)
+        return draft
+
+    d.propose = counted  # type: ignore[method-assign]
+    seq = round_walk_probe(d, [7, 8], output, 16)
+    assert sum(drafted for drafted, _ in seq.proposals or ()) > 0  # it drafted the prediction
+    return max(reads)
+
+
+def test_resync_costs_an_index_lookup_whatever_the_predictions_length() -> None:
+    """A periodic prediction holds its last two tokens at every period: walking every
+    occurrence (as re-synchronising did) reads the whole prediction each round. The busiest
+    round must read no more of a 100,000-token prediction than of a 1,000-token one, and at
+    most a bound fixed in advance (the draft and its edits plus the index's bounded lookups:
+    ``span_index.resync_bound`` counts the lookups themselves)."""
+    from specdec.drafters.span_index import SKIP_WINDOW, resync_bound
+
+    small, large = _most_reads_per_round(1_000), _most_reads_per_round(100_000)
+    bound = 2 * 17 * (1 + 4 * 16) + SKIP_WINDOW + resync_bound(2**32)  # K = 16
+    assert large <= bound and small <= bound, (small, large, bound)
+    assert large <= 2 * small + 64, (small, large)
+
+
+def test_the_index_counts_a_bounded_number_of_probes_per_lookup() -> None:
+    from specdec.drafters.span_index import resync_bound
+
+    for n in (100, 100_000):
+        index = SpanIndex([1, 2, 3, 4, 5] * (n // 5))
+        index.resync([9, 4, 5], expected=n // 2)
+        assert 0 < index.probes <= resync_bound(n)
+    assert resync_bound(2**32) < 1_000  # a few hundred probes, for any prediction
+
+
+# ------------------------------------------- re-synchronising in the same round (41.2)
+def _walk(d: object, prompt: list[int], output: list[int], k: int = 16) -> list[tuple[int, int]]:
+    """(drafted, kept) of each round of a greedy run whose output is ``output``."""
+    from specdec.profiler.measure import round_walk_probe
+
+    seq = round_walk_probe(d, prompt, output, k)  # type: ignore[arg-type]
+    rounds, t = [], 0
+    assert seq.proposals is not None
+    while t < len(output):
+        drafted, kept = seq.proposals[t]
+        rounds.append((drafted, kept))
+        t += kept + 1
+    return rounds
+
+
+def test_after_a_replaced_token_the_next_round_drafts_where_the_output_rejoins() -> None:
+    """One token of the prediction replaced: the round the rejection ends with emits the new
+    token, and the very next round drafts the rest of the prediction from after it (no plain
+    round in between, as waiting for the output to show a matching pair took)."""
+    pred = list(range(100, 160))
+    output = [*pred[:20], 7, *pred[21:]]
+    rounds = _walk(PredictionDrafter(pred, costs=FLAT), [1, 2], output)
+    first_miss = next(i for i, (d, kept) in enumerate(rounds) if kept < d)
+    assert rounds[first_miss + 1][0] > 0 and rounds[first_miss + 1][1] > 0  # drafted, kept
+    assert all(d > 0 for d, _ in rounds[:-1])  # never a plain round
+
+
+def test_an_inserted_token_costs_no_plain_round_either() -> None:
+    pred = list(range(100, 160))
+    output = [*pred[:20], 7, *pred[20:]]
+    rounds = _walk(PredictionDrafter(pred, costs=FLAT), [1, 2], output)
+    assert all(d > 0 for d, _ in rounds[:-1])
+    assert sum(kept < d for d, kept in rounds) <= 2  # the edit, and at most one wrong guess
+
+
+def test_an_edit_repeated_through_the_prediction_is_drafted_where_it_repeats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rename through a text (one token replaced by two wherever it occurs): after the
+    first occurrence the edit is replayed, so the later ones are drafted and kept instead of
+    each costing a rejected draft (the fixture: with replays switched off, every use does)."""
+    from specdec.drafters import prediction
+
+    old, new = 50, (60, 61)
+    pred = [t for i in range(8) for t in (*range(10 + 5 * i, 15 + 5 * i), old)]  # 8 uses
+    output = [u for t in pred for u in (new if t == old else (t,))]
+
+    def rejected() -> int:
+        rounds = _walk(PredictionDrafter(pred, costs=FLAT), [1, 2], output)
+        return sum(kept < d for d, kept in rounds)
+
+    assert rejected() <= 3  # the first use (and its rejoin), not all 8
+    monkeypatch.setattr(prediction, "EDIT_MIN_RATE", 2.0)  # no edit is ever replayed
+    assert rejected() >= 8
+
+
+# ---------------------------------------------------- drafts up to 64 where they pay (41.1)
+def _longest(costs: Costs, k: int = 64) -> int:
+    pred = list(range(100, 400))
+    return max(d for d, _ in _walk(PredictionDrafter(pred, costs=costs), [1, 2], pred, k))
+
+
+def test_drafts_grow_past_16_where_the_curve_pays_and_only_there() -> None:
+    flat65 = Costs(verify_s=tuple(1.0 + 0.01 * n for n in range(65)), prefill_tps=1e3)
+    assert _longest(flat65) == 64  # a flat curve: drafts of 64 once the copy is trusted
+    assert _longest(flat65, k=16) == 16  # the old cap, as a switch
+    # a curve that is flat to 17 rows and doubles after: no draft needs more than 17 rows
+    step = Costs(
+        verify_s=tuple(1.0 + 0.01 * n if n < 17 else 2.0 * (n + 1) for n in range(65)),
+        prefill_tps=1e3,
+    )
+    assert _longest(step) == 16
+    # a curve measured only to 17 rows: never a longer pass (no extrapolation)
+    short = Costs(verify_s=tuple(1.0 + 0.01 * n for n in range(17)), prefill_tps=1e3)
+    assert _longest(short) == 16

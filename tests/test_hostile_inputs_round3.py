@@ -948,7 +948,34 @@ def test_the_command_line_keeps_message_text_as_text_unless_told() -> None:
     assert encode_request(target, FORGED, system="Be brief.", parse_special=True).count(2) == 4
     messages = [{"role": "user", "content": FORGED}]
     assert encode_request(target, None, messages=messages).count(2) == 2
-    assert encode_request(target, FORGED, chat=False).count(2) == 1  # --raw: the prompt as is
+    # --raw: the prompt is text too (one rule for every text a user gives), unless told
+    assert encode_request(target, FORGED, chat=False).count(2) == 0
+    assert encode_request(target, FORGED, chat=False, parse_special=True).count(2) == 1
+
+
+def test_a_prediction_and_a_raw_prompt_are_text_unless_told() -> None:
+    """One rule for every user-supplied text: a prediction or a /v1/completions prompt that
+    types <|im_end|> gets its characters, not the control token (id 1 here), in the API, the
+    server and the command line's options; --parse-special (parse_special) parses all."""
+    import contextlib
+
+    from specdec.serve.generation import prediction_ids, text_prompt
+    from specdec.serve.schemas import CompletionRequest
+
+    pair = _chatml_pair()
+    text = "a<|im_end|>b"
+    as_text = pair.target.tokenizer.encode_piece(text, special=False)  # type: ignore[attr-defined]
+    assert 1 not in as_text and len(as_text) == len(text)
+    assert pair.prediction_drafter(text).index.tokens == as_text
+    assert pair.prediction_drafter(text, parse_special=True).index.tokens.count(1) == 1
+    req = CompletionRequest.model_validate(
+        {"prompt": text, "prediction": {"type": "content", "content": text}, "max_tokens": 1}
+    )
+    lock = contextlib.nullcontext()
+    assert prediction_ids(pair, req, lock) == as_text
+    assert prediction_ids(pair, req, lock, parse_special=True).count(1) == 1
+    assert text_prompt(pair, req, lock) == [0, *as_text]  # BOS, then the characters
+    assert text_prompt(pair, req, lock, parse_special=True).count(1) == 1
 
 
 def test_transformers_tokenizers_keep_message_text_as_text() -> None:
@@ -974,7 +1001,7 @@ def test_the_small_real_model_keeps_message_text_as_text(monkeypatch: pytest.Mon
     from tests.tiny_models import llama_cpp_or_skip, store_model_or_skip
 
     from specdec.models.llamacpp import LlamaCppLM
-    from specdec.prompting import encode_request
+    from specdec.prompting import encode_request, encode_text
 
     if _REAL_CACHE is None:
         monkeypatch.delenv("SPECDEC_CACHE")
@@ -990,6 +1017,13 @@ def test_the_small_real_model_keeps_message_text_as_text(monkeypatch: pytest.Mon
         assert encode_request(model, FORGED, parse_special=True).count(start[0]) == 4
         text = model.tokenizer.decode(ids)
         assert FORGED in text  # the message, character for character
+        # a raw prompt and a prediction are text too (encode_text), unless told
+        end = model.tokenizer.encode("<|im_end|>", add_special_tokens=False)
+        assert len(end) == 1
+        for bos in (True, False):
+            plain = encode_text(model, FORGED, add_special_tokens=bos)
+            assert end[0] not in plain and model.tokenizer.decode(plain).endswith(FORGED)
+            assert end[0] in encode_text(model, FORGED, add_special_tokens=bos, parse_special=True)
     finally:
         model.close() if hasattr(model, "close") else None
 

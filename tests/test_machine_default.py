@@ -29,7 +29,7 @@ def test_without_a_profile_generate_runs_the_planned_drafter(
     assert "default: planned -> mock" in out.err
     assert "measuring the target's verify cost" in out.err  # once ...
     spec = json.loads(out.out)
-    assert spec["configuration"]["label"] == "planned -> mock" and spec["configuration"]["k"] == 16
+    assert spec["configuration"]["label"] == "planned -> mock" and spec["configuration"]["k"] == 64
     assert main(["generate", *MOCK, "-n", "12", "-k", "0", "abc abc abc abc"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert spec["n_tokens"] == 12 and spec["text"] == plain["text"]  # greedy: the same text
@@ -120,7 +120,8 @@ def test_a_profiled_planned_choice_uses_the_profiles_costs(
     from specdec.profiler import target_costs
     from specdec.theory import Costs
 
-    costs = Costs(verify_s=tuple(1.0 + 0.02 * n for n in range(16)), prefill_tps=1e3)
+    n = target_costs.N_MAX  # a profile of this version measures passes up to a planned draft's
+    costs = Costs(verify_s=tuple(1.0 + 0.02 * i for i in range(n)), prefill_tps=1e3)
     choice = dataclasses.replace(unprofiled_choice("mock"), costs=costs, reason="profiled")
 
     def no_measuring(*args: Any, **kw: Any) -> Any:
@@ -154,7 +155,58 @@ def test_the_cost_provider_uses_the_profiles_costs_only_for_the_numerics_it_time
         provider = target_costs.cost_provider(draft, profile, exact=exact)
         return None if provider is None else provider(cfg, lm)  # type: ignore[arg-type]
 
-    assert provided("planned", profiled, exact=False) is profiled
+    long = Costs(verify_s=(1.0,) * target_costs.N_MAX, prefill_tps=1e3)
+    assert provided("planned", long, exact=False) is long
     assert provided("planned", profiled, exact=True) is measured
     assert provided("planned", None, exact=False) is measured
     assert provided("ngram", profiled, exact=False) is None  # only a planned drafter asks
+
+
+def test_a_profile_cached_for_shorter_drafts_is_extended_never_extrapolated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A profile measured before drafts of 64 holds passes of up to 16 rows: its curve is
+    continued with the shape of the target's cached measurement (to N_MAX rows), its own
+    points kept; a planned draft never reads past a curve's end."""
+    from specdec.drafters.planned import best_plan
+    from specdec.models.loader import ModelConfig
+    from specdec.profiler import target_costs
+    from specdec.theory import Costs
+
+    n = target_costs.N_MAX
+    measured = Costs(verify_s=tuple(2.0 * (1 + i) for i in range(n)), prefill_tps=5e2)
+    monkeypatch.setattr(target_costs, "cached_target_costs", lambda *a, **kw: measured)
+    old = Costs(verify_s=tuple(1.0 + 0.5 * i for i in range(16)), prefill_tps=1e3)
+    provider = target_costs.cost_provider("planned", old, exact=False)
+    assert provider is not None
+    got = provider(ModelConfig("mock:target"), object())  # type: ignore[arg-type]
+    assert len(got.verify_s) == n and got.verify_s[:16] == old.verify_s
+    # past 16 rows the measured shape (linear, 2 per row) from the profile's last pass (8.5)
+    assert got.verify_s[16] == pytest.approx(8.5 * 17 / 16)
+    assert got.verify_s[-1] == pytest.approx(8.5 * n / 16)
+    assert best_plan(1.0, 1.0, 1000, old)[0] <= 15  # the short curve: at most 16 rows
+
+
+def test_cached_target_costs_shorter_than_the_longest_draft_are_measured_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An entry holding a curve of fewer passes than N_MAX (one written before drafts of 64,
+    under a key of that version) is not read as a full curve: the costs are measured again
+    and the entry replaced; an entry of the right length is read back as it was saved."""
+    from dataclasses import asdict
+
+    from specdec.models.loader import ModelConfig, load_model
+    from specdec.profiler import cache, target_costs
+    from specdec.theory import Costs
+
+    cfg = ModelConfig("mock:target")
+    lm = load_model(cfg)
+    key = target_costs.costs_key(cfg)
+    short = Costs(verify_s=(1.0,) * 17, prefill_tps=1e3)
+    assert target_costs.cached_costs({"costs": asdict(short)}) is None
+    cache.save(key, {"costs": asdict(short), "model": cfg.model})
+    logs: list[str] = []
+    got = target_costs.cached_target_costs(cfg, lm, log=logs.append)
+    assert len(got.verify_s) == target_costs.N_MAX and len(logs) == 1  # measured, and said
+    again = target_costs.cached_target_costs(cfg, lm, log=logs.append)
+    assert again == got and len(logs) == 1  # then read back

@@ -12,6 +12,7 @@ import pytest
 
 from serve_harness import ChatTokenizer, ServeMock, running_server
 from specdec.api import Pair
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.models.mock import MockSpec
 
 pytest.importorskip("fastapi")
@@ -37,7 +38,9 @@ def url() -> Iterator[str]:
     vocab = len(ALPHABET)
     target = ServeMock(MockSpec(vocab_size=vocab, n_ctx=512, eos_token_id=vocab + 1, seed=4))
     target._tokenizer = TextTokenizer(vocab)
-    with running_server(Pair(target, None), k=4, max_queue=4) as base:
+    # a server with a drafter of its own (one without decodes every request plainly,
+    # tests/test_prediction_requests.py): predictions are drafted in front of it
+    with running_server(Pair(target, SuffixDrafter()), k=4, max_queue=4) as base:
         yield base
 
 
@@ -65,7 +68,7 @@ def test_a_prediction_changes_the_speed_not_the_output(url: str) -> None:
     assert exact["choices"][0]["message"]["content"] == text
     accepted, rejected = details(exact)
     rounds = exact["usage"]["verification_rounds"]
-    assert (accepted, rejected) == (40 - rounds, 0) and rounds <= 3  # drafts of up to 16
+    assert (accepted, rejected) == (40 - rounds, 0) and rounds <= 3  # drafts of up to 64
     parts = [{"type": "text", "text": text[:15]}, {"type": "text", "text": text[15:]}]
     assert details(chat(url, prediction={"type": "content", "content": parts})) == (
         accepted,

@@ -40,7 +40,7 @@ from specdec.pairs import (
     load_pair,
 )
 from specdec.policy import FixedK, KPolicy, capped_adaptive_k
-from specdec.prompting import Message, encode_request
+from specdec.prompting import Message, check_text, encode_request, encode_text
 from specdec.sampling import SamplingConfig
 from specdec.stops import StopMatcher, check_stops
 from specdec.theory import Costs
@@ -240,7 +240,8 @@ class Pair:
     profile's choice when the profile or the machine default chose (``load``); ``config`` the
     resolved configuration it was loaded from (when it came from ``load``), whose target's
     measured costs (``target_costs``) size the drafts of a prediction (``stream(prediction=)``;
-    a pair built from models alone drafts a prediction as far as K allows)."""
+    a pair built from models alone drafts a prediction as far as K allows). ``log`` hears
+    when those costs are measured (the first time on a machine: seconds)."""
 
     def __init__(
         self,
@@ -248,24 +249,34 @@ class Pair:
         draft: CausalLM | Drafter | None,
         auto: AutoChoice | None = None,
         config: Configuration | None = None,
+        log: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.target = target
         self.draft = draft
         self.auto = auto
         self.config = config
+        self.log = log
 
     def target_costs(self) -> Costs | None:
         """The target's costs: a planned drafter's own, else (for a pair from ``load``) measured
-        once per machine and cached, else None."""
+        once per machine and cached (``log`` hears when), else None."""
         if isinstance(self.draft, PlannedSuffixDrafter):
             return self.draft.costs
-        return measured_costs(self.config.target, self.target) if self.config else None
+        if self.config is None:
+            return None
+        return measured_costs(self.config.target, self.target, self.log)
 
-    def prediction_drafter(self, prediction: str | Sequence[int]) -> PredictionDrafter:
-        """A drafter of ``prediction`` (text, tokenized once as plain text, or token ids) in
-        front of the pair's own drafter, which drafts where the prediction has no match."""
+    def prediction_drafter(
+        self, prediction: str | Sequence[int], *, parse_special: bool = False
+    ) -> PredictionDrafter:
+        """A drafter of ``prediction`` (text, tokenized once as text: special-token text in
+        it too, unless ``parse_special``; or token ids) in front of the pair's own drafter,
+        which drafts where the prediction has no match."""
         if isinstance(prediction, str):
-            ids = self.target.tokenizer.encode(prediction, add_special_tokens=False)
+            check_text(prediction, "the prediction")
+            ids = encode_text(
+                self.target, prediction, add_special_tokens=False, parse_special=parse_special
+            )
         else:
             ids = [int(t) for t in prediction]
             if any(not 0 <= t < self.target.vocab_size for t in ids):
@@ -346,11 +357,12 @@ class Pair:
                         drafter drafts elsewhere), so the output is exactly what it would be
                         without it: only the speed changes. ``result.prediction_tokens()``
                         (and ``stats``) count accepted / rejected prediction tokens. K caps
-                        each draft (default 16); k=0 ignores the prediction.
-        parse_special:  read special-token text (such as ``<|im_end|>``) inside the chat
-                        messages as special tokens; by default a message's text is text, so
-                        it cannot end its turn or open another (a raw prompt is always
-                        parsed as it is).
+                        each draft (default 64; the drafts are sized by the target's measured
+                        verify cost below it); k=0 ignores the prediction.
+        parse_special:  read special-token text (such as ``<|im_end|>``) inside the text
+                        given (the prompt, the messages, the prediction) as special tokens;
+                        by default all of it is text, so a message cannot end its turn or
+                        open another, and a raw prompt or a prediction cannot forge one.
         """
         sampling, stops = check_request(
             k=k,
@@ -376,7 +388,7 @@ class Pair:
         policy: KPolicy
         drafter: CausalLM | Drafter | None = self.draft
         if prediction is not None:
-            drafter = self.prediction_drafter(prediction)
+            drafter = self.prediction_drafter(prediction, parse_special=parse_special)
         if k is None and self.auto is not None and prediction is None:
             policy = self.auto.policy()
         else:
@@ -501,7 +513,7 @@ def load(
     prompt_tokens, new_tokens: the size of the requests to come, when the profile chooses
                      (a prompt much longer than the probe's re-ranks its choices).
     log:             hears about a profile that ``auto`` runs first, and when the target's
-                     costs are measured for a planned drafter.
+                     costs are measured (for a planned drafter, or a request's prediction).
     """
     config = resolve(  # what to run, and why
         target,
@@ -524,4 +536,4 @@ def load(
     draft_model, target_model = load_pair(
         config.draft, config.target, costs=config.costs, draft_window=config.draft_window
     )
-    return Pair(target_model, draft_model, config.choice, config=config)
+    return Pair(target_model, draft_model, config.choice, config=config, log=log)

@@ -110,9 +110,9 @@ def _profiles() -> dict[str, Any]:
 def gather(*, check: Path | None = None) -> dict[str, Any]:
     """The report as a JSON-ready dict; ``check`` runs (or reads) the kernel check of a GGUF."""
     from specdec import __version__
-    from specdec.machine import cpu_flags, machine_info, package_versions
+    from specdec.machine import all_cpu_flags, machine_info, package_versions
 
-    flags = cpu_flags()
+    flags = all_cpu_flags()
     report: dict[str, Any] = {
         "specdec": __version__,
         "machine": {**machine_info(), "os": platform.platform()},

@@ -23,7 +23,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_flags() -> tuple[str, ...]:
+def all_cpu_flags() -> tuple[str, ...]:
     """The CPU's feature flags as /proc/cpuinfo lists them (sorted; empty where it does not)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -32,6 +32,46 @@ def cpu_flags() -> tuple[str, ...]:
     except OSError:
         pass
     return ()
+
+
+# the CPU flags that decide llama.cpp's kernels on x86 (and so the verify curve), as
+# /proc/cpuinfo spells them
+SIMD_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512vbmi",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
+
+
+def cpu_flags(cpuinfo: str | None = None) -> list[str]:
+    """The ``SIMD_FLAGS`` this CPU has (the first processor's flags), in that order."""
+    try:
+        text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
+    except OSError:
+        return []
+    for line in text.splitlines():
+        if line.lower().startswith(("flags", "features")):
+            have = set(line.split(":", 1)[1].split())
+            return [f for f in SIMD_FLAGS if f in have]
+    return []
+
+
+def machine_line(cpuinfo: str | None = None) -> str:
+    """One line naming the machine a figure was measured on: CPU model, cores, SIMD flags."""
+    flags = cpu_flags(cpuinfo)
+    return (
+        f"{cpu_model()}, {os.cpu_count()} cores, "
+        f"{' '.join(flags).upper() if flags else 'no AVX2/AVX-512/AMX flags'}"
+    )
 
 
 def _mem_total_gib() -> float | None:
@@ -83,6 +123,7 @@ def machine_info() -> dict[str, Any]:
         usable = os.cpu_count()
     info: dict[str, Any] = {
         "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cores": os.cpu_count(),
         "usable_cores": usable,
         "memory_gib": _mem_total_gib(),

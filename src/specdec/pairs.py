@@ -30,7 +30,7 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.model import ModelDrafter, check_window
 from specdec.drafters.ngram import NgramDrafter
-from specdec.drafters.planned import PlannedSuffixDrafter
+from specdec.drafters.planned import PlannedSuffixDrafter, planned_suffix
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
@@ -50,7 +50,7 @@ Loader = Callable[[ModelConfig], CausalLM]
 CostProvider = Callable[[ModelConfig, CausalLM], Costs]
 HYBRID_PREFIX = "hybrid:"
 PLANNED = "planned"
-PLANNED_K = 16  # the default cap on a planned draft (the planner picks the length below it)
+PLANNED_K = 64  # the default cap on a planned draft (the planner picks the length below it)
 DEFAULT_K = 6  # drafts per round when a drafter is named but no K
 
 
@@ -123,8 +123,9 @@ def parse_drafter(ref: str) -> Drafter | None:
         except ValueError as e:
             raise ConfigError(f"bad n-gram drafter {ref!r}: use ngram or ngram:MAX_N") from e
         return NgramDrafter(max_n=max_n)
-    if _named(ref, "suffix") or _named(ref, PLANNED):
-        # for "planned" this is the inner drafter; load_pair adds the planner
+    if _named(ref, PLANNED):  # the inner drafter; load_pair adds the planner
+        return planned_suffix(ref.partition(":")[2])
+    if _named(ref, "suffix"):
         return SuffixDrafter(parse_suffix_options(ref.partition(":")[2]))
     raise ConfigError(
         f"unknown drafter {ref!r}: use a model, 'ngram[:MAX_N]', 'suffix[:OPTS]', "

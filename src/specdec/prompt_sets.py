@@ -23,8 +23,11 @@ code-editing requests built from HumanEval's reference solutions (MIT License; s
 ``data/code_predict/SOURCE.md`` and ``benchmarks/make_code_predict_set.py``), each with a
 ``prediction``, the code before the edit (OpenAI's ``prediction``): renames, type hints,
 docstrings, small edits, reformatting, whole files, and controls whose prediction is empty,
-unrelated or shifted. Category ``code_predict``, fine category the kind of task. A user's
-JSONL file may carry a "prediction" field too.
+unrelated or shifted. Category ``code_predict``, fine category the kind of task.
+``long_edit`` (not part of ``code`` or ``all`` either): 12 requests whose prediction is a
+whole page, six of prose (Spec-Bench's articles) and six of code (modules of HumanEval
+solutions), built by ``benchmarks/make_long_edit_set.py`` (``data/long_edit/SOURCE.md``);
+category ``long_edit``. A user's JSONL file may carry a "prediction" field too.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ SPEC_BENCH = "spec_bench"  # the name of the packaged prompt set
 CODE_COMPLETION = "code_completion"  # set name and coarse category
 CODE_EDIT = "code_edit"  # set name and coarse category
 CODE_PREDICT = "code_predict"  # set name and coarse category (prompts with a prediction)
+LONG_EDIT = "long_edit"  # set name and coarse category (a page as the prediction)
 CODE = "code"  # both code sets
 ALL = "all"  # Spec-Bench and both code sets
 CODE_CATEGORIES = (CODE_COMPLETION, CODE_EDIT)
@@ -141,17 +145,16 @@ def load_code_edit() -> list[Prompt]:
     return out
 
 
-def load_code_predict() -> list[Prompt]:
-    """The packaged predicted-outputs set (43 code-editing requests with predictions)."""
+def _load_with_predictions(name: str) -> list[Prompt]:
     out = []
-    for line in _data_text("code_predict", "prompts.jsonl").splitlines():
+    for line in _data_text(name, "prompts.jsonl").splitlines():
         if line.strip():
             rec = json.loads(line)
             out.append(
                 Prompt(
-                    f"code_predict:{rec['id']}",
+                    f"{name}:{rec['id']}",
                     str(rec["prompt"]),
-                    CODE_PREDICT,
+                    name,
                     str(rec["fine_category"]),
                     str(rec["prediction"]),
                 )
@@ -159,8 +162,19 @@ def load_code_predict() -> list[Prompt]:
     return out
 
 
+def load_code_predict() -> list[Prompt]:
+    """The packaged predicted-outputs set (43 code-editing requests with predictions)."""
+    return _load_with_predictions(CODE_PREDICT)
+
+
+def load_long_edit() -> list[Prompt]:
+    """The packaged long-document edits (12 requests, a page of prose or code each as the
+    prediction)."""
+    return _load_with_predictions(LONG_EDIT)
+
+
 def load_named_set(name: str) -> list[Prompt] | None:
-    """A packaged set by name (spec_bench, code_completion, code_edit, code, all), or None."""
+    """A packaged set by name (``NAMED_SETS``), or None."""
     if name == SPEC_BENCH:
         return load_spec_bench()
     if name == CODE_COMPLETION:
@@ -169,6 +183,8 @@ def load_named_set(name: str) -> list[Prompt] | None:
         return load_code_edit()
     if name == CODE_PREDICT:
         return load_code_predict()
+    if name == LONG_EDIT:
+        return load_long_edit()
     if name == CODE:
         return load_code_completion() + load_code_edit()
     if name == ALL:
@@ -176,7 +192,7 @@ def load_named_set(name: str) -> list[Prompt] | None:
     return None
 
 
-NAMED_SETS = (SPEC_BENCH, CODE_COMPLETION, CODE_EDIT, CODE_PREDICT, CODE, ALL)
+NAMED_SETS = (SPEC_BENCH, CODE_COMPLETION, CODE_EDIT, CODE_PREDICT, LONG_EDIT, CODE, ALL)
 
 
 def _text_of(rec: dict[str, object], where: str) -> str:

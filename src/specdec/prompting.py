@@ -10,10 +10,12 @@ Two entry points:
   turns); a model without one gets the raw text, silently, unless a system prompt or
   messages were given, which need a template and are an error there.
 
-In a chat prompt the text of every message is text: a special token's text typed inside it
-(``<|im_end|>``) is tokenized as plain characters, so it cannot end the turn or open another
-one (``specdec.templates``); ``parse_special=True`` opts in to parsing it. A raw prompt is
-the prompt itself and is parsed as it is, special tokens included (as llama.cpp does).
+One rule for every text a user supplies (a raw prompt, chat messages, a prediction): it is
+text. A special token's text typed inside it (``<|im_end|>``) is tokenized as plain
+characters, so a message cannot end its turn or open another one (``specdec.templates``), a
+raw prompt cannot forge a turn either, and a prediction drafts the characters it shows;
+``parse_special=True`` (``--parse-special``) is the one opt-in, for all of them at once. The
+tokenizer's own additions (BOS) and a chat template's markers are special tokens as ever.
 """
 
 from __future__ import annotations
@@ -37,17 +39,33 @@ def has_chat_template(model: CausalLM) -> bool:
     return callable(getattr(tok, "apply_chat", None)) and bool(getattr(tok, "chat_template", None))
 
 
+def encode_text(
+    model: CausalLM, text: str, *, add_special_tokens: bool, parse_special: bool = False
+) -> list[int]:
+    """Token ids of user text outside a chat template (a raw prompt, a prediction): special-
+    token text in it is text unless ``parse_special`` (the module docstring's rule);
+    ``add_special_tokens``: the tokenizer's own additions (BOS). A tokenizer without
+    ``encode_piece`` (``templates.ChatTokenizer``) is taken to parse no special text."""
+    tok = model.tokenizer
+    piece = getattr(tok, "encode_piece", None)
+    if parse_special or piece is None:
+        return list(tok.encode(text, add_special_tokens=add_special_tokens))
+    prefix = list(tok.encode("", add_special_tokens=True)) if add_special_tokens else []
+    return prefix + list(piece(text, special=False))
+
+
 def encode_prompt(
     model: CausalLM, text: str, *, chat: bool = False, parse_special: bool = False
 ) -> list[int]:
     """Token ids for ``text``; with chat=True the text is the user turn of a chat and the
-    model's chat template (with the assistant header) is applied."""
+    model's chat template (with the assistant header) is applied. Special-token text in it
+    is text unless ``parse_special``."""
     if not text.strip():
         raise EmptyPromptError("the prompt is empty")
     check_text(text, "the prompt")
     if chat:
         return _apply_chat(model, [{"role": "user", "content": text}], parse_special)
-    ids = model.tokenizer.encode(text, add_special_tokens=True)
+    ids = encode_text(model, text, add_special_tokens=True, parse_special=parse_special)
     if not ids:
         raise EmptyPromptError("the prompt encodes to zero tokens")
     return ids
@@ -124,8 +142,8 @@ def encode_request(
     chat=None: the chat template when the model has one, else the raw text (silently);
     chat=True: the template, an error without one; chat=False: raw text only (a system
     prompt or messages are then an error). ``messages`` are earlier turns, ``text`` (when
-    given) the last user turn. ``parse_special``: special-token text inside the messages is
-    read as special tokens (off: it is text).
+    given) the last user turn. ``parse_special``: special-token text inside the messages and
+    the prompt is read as special tokens (off: it is text).
     """
     wants_chat = messages is not None or system is not None
     if chat is False:
@@ -133,14 +151,14 @@ def encode_request(
             raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
         if text is None:
             raise EmptyPromptError("the prompt is empty")
-        return encode_prompt(model, text)
+        return encode_prompt(model, text, parse_special=parse_special)
     if not has_chat_template(model):
         if chat or wants_chat:
             what = "--system / --messages need" if wants_chat else "--chat needs"
             raise ConfigError(f"this model has no chat template: {what} one")
         if text is None:
             raise EmptyPromptError("the prompt is empty")
-        return encode_prompt(model, text)
+        return encode_prompt(model, text, parse_special=parse_special)
     return _apply_chat(model, build_messages(text, messages, system), parse_special)
 
 

@@ -156,3 +156,30 @@ def draft_model_ceiling(c: float, verify_ratio: Sequence[float]) -> tuple[int, f
         if val > best_val:
             best, best_val = k, val
     return best, best_val
+
+
+def copy_ceiling(alpha: float, verify_ratio: Sequence[float]) -> tuple[int, float]:
+    """(best K, speedup over plain decoding) of drafts whose tokens are each kept with
+    probability ``alpha`` (given the ones before), at the K that pays most on a verify curve:
+
+        max over K = 0 .. len(verify_ratio) - 1 of E(alpha, K) / verify_ratio[K],
+        E(alpha, K) = (1 - alpha^(K + 1)) / (1 - alpha)   (``geometric_tokens_per_round``)
+
+    verify_ratio  [N], verify_ratio[n - 1] = verify(n) / verify(1), N >= 1 (a draft of K
+                  needs K + 1 rows, so K stops at the measured curve's end)
+
+    K = 0 is plain decoding (1.0). For an all-accepted copy (alpha = 1) this is the best
+    (K + 1) / verify(K + 1). Drafting costs nothing here: the ceiling of a model-free drafter
+    (a prediction, a copy) whose acceptance is alpha, on this machine's curve. Ties keep
+    the smallest K."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    v = [float(x) for x in verify_ratio]
+    if not v or not all(math.isfinite(x) and x > 0.0 for x in v):
+        raise ValueError("verify_ratio needs at least verify(1), every entry finite and > 0")
+    best, best_val = 0, 1.0 / v[0]
+    for k in range(1, len(v)):
+        val = geometric_tokens_per_round(alpha, k) / v[k]
+        if val > best_val * (1.0 + 1e-12):
+            best, best_val = k, val
+    return best, best_val

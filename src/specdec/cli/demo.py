@@ -6,18 +6,25 @@
    passed with the code before the edit as its prediction), decoded plainly and then with the
    prediction drafted, on the same loaded pair: the edited code, a stats line for each, the
    measured speedup and whether the two outputs are identical.
+3. The same request through llama-cpp-python's own greedy loop on the same loaded weights
+   (``bench.llama_own``: the fastest plain decoder of the GGUF), and the speculative decode
+   speed as a ratio to it, beside the ratio to specdec's own plain loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from specdec.cli import command_help
 from specdec.cli.common import check_common, quiet_libraries
 from specdec.errors import ConfigError
 from specdec.pairs import DEFAULT_TARGET
 from specdec.printable import printable
+
+if TYPE_CHECKING:
+    from specdec.api import Comparison
 
 DEMO_TASK = "code_predict:rename_1"
 
@@ -90,4 +97,28 @@ def run(args: argparse.Namespace) -> int:
     print(c.speculative.text)
     for line in c.report("with the prediction"):
         print(line, file=sys.stderr)
+    print(f"[specdec] {against_llama_cpp(pair.target, ids, c)}", file=sys.stderr)
     return 0
+
+
+def against_llama_cpp(target: object, ids: list[int], c: Comparison) -> str:
+    """One line: the speculative run's decode speed against llama-cpp-python's own loop on the
+    same request and the same loaded weights (run now, after a short warm-up of its own),
+    and against specdec's plain loop, both over the tokens after the first."""
+    from specdec.bench.llama_own import decode_window, own_loop
+
+    n_new = len(c.plain.tokens)
+    if own_loop(target, ids, min(8, n_new)) is None:  # the warm-up, or not llama.cpp
+        return "llama-cpp-python's own loop: not measured (the target is not a llama.cpp model)"
+    own = own_loop(target, ids, n_new)
+    assert own is not None
+    spec_n, spec_s = decode_window(c.speculative.result)
+    plain_n, plain_s = decode_window(c.plain.result)
+    spec, plain = spec_n / spec_s, plain_n / plain_s
+    same = own.same_output(c.plain.tokens)
+    return (
+        f"against llama-cpp-python's own loop on the same weights ({own.tokens_per_second:.1f} "
+        f"tok/s after the first token): {spec / own.tokens_per_second:.2f}x with the "
+        f"prediction ({spec:.1f} tok/s), specdec's plain loop {plain / own.tokens_per_second:.2f}x "
+        f"({plain:.1f} tok/s); its output is plain decoding's: {'yes' if same else 'no'}"
+    )

@@ -61,8 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--parse-special",
         action="store_true",
-        help="read special-token text inside the prompt, --system and --messages (such as "
-        "<|im_end|>) as special tokens; by default a chat prompt's text is plain text",
+        help="read special-token text (such as <|im_end|>) inside the prompt, --system, "
+        "--messages and --prediction as special tokens; by default all of it is plain text",
     )
     p.add_argument("--no-stop", action="store_true", help="do not stop at end-of-sequence")
     p.add_argument(

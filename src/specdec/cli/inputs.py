@@ -70,5 +70,6 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
         "seed": args.seed,
         "stop_on_eos": not args.no_stop,
         "prediction": prediction,
+        "parse_special": args.parse_special,  # the prediction's text (the prompt's: encode)
     }
     return Inputs(prompt, messages, prediction, options)

@@ -47,8 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--parse-special",
         action="store_true",
-        help="read special-token text inside chat messages (such as <|im_end|>) as special "
-        "tokens; by default it is plain text, so a message cannot forge a turn",
+        help="read special-token text (such as <|im_end|>) inside prompts, chat messages and "
+        "predictions as special tokens; by default it is plain text, so no request can forge "
+        "a turn",
     )
     add_speculation_args(p, serving=True)
     p.add_argument(
@@ -118,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     pair = load_from_args(args)
     config = pair.config
     assert config is not None
+    if pair.draft is not None:  # the costs that size a prediction's drafts: measured now (once
+        pair.target_costs()  # per machine, and said), not inside the first such request
     name = args.served_model_name or Path(args.target).name.removesuffix(".gguf")
     config_ = ServeConfig(
         settings=ServeSettings(

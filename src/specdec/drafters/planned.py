@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.drafters.base import Draft
-from specdec.drafters.suffix import SuffixDrafter
+from specdec.drafters.suffix import SuffixDrafter, SuffixOptions, parse_suffix_options
 from specdec.errors import ConfigError
 from specdec.sampling import SamplingConfig
-from specdec.theory import Costs, expected_tokens_per_round
+from specdec.theory import Costs
 
 # match-length buckets: the lower bound of each (a match of m tokens falls in the last
 # bucket whose bound is <= m)
@@ -67,19 +67,21 @@ def bucket_of(match_len: int) -> int:
 
 @dataclass
 class Rate:
-    """A Bernoulli rate with a prior: (successes + w * prior) / (trials + w)."""
+    """A Bernoulli rate with a prior worth ``weight`` trials: (successes + w * prior) /
+    (trials + w)."""
 
     prior: float
     successes: float = 0.0
     trials: float = 0.0
+    weight: float = PRIOR_WEIGHT
 
     @property
     def mean(self) -> float:
-        return (self.successes + PRIOR_WEIGHT * self.prior) / (self.trials + PRIOR_WEIGHT)
+        return (self.successes + self.weight * self.prior) / (self.trials + self.weight)
 
     @property
     def optimistic(self) -> float:
-        n = self.trials + PRIOR_WEIGHT
+        n = self.trials + self.weight
         m = self.mean
         return min(1.0, m + math.sqrt(m * (1.0 - m) / (n + 1.0)))
 
@@ -88,16 +90,26 @@ class Rate:
         self.successes += float(success)
 
 
-def best_length(first: float, cont: float, max_len: int, costs: Costs) -> int:
-    """The draft length in 0..max_len with the highest expected tokens per second (ties go
-    to the shorter draft)."""
+def best_plan(first: float, cont: float, max_len: int, costs: Costs) -> tuple[int, float]:
+    """(L, expected tokens per second at L): the draft length in 0..max_len with the highest
+    expected tokens per second (ties go to the shorter draft). L never passes the measured
+    verify curve (a draft of L needs a pass of L + 1 rows: L <= len(costs.verify_s) - 1), so
+    no length is chosen on an extrapolated cost."""
+    max_len = min(max_len, len(costs.verify_s) - 1)
     best, best_rate = 0, 1.0 / costs.round_seconds(0)
-    accept = [first] + [cont] * max(0, max_len - 1)  # [max_len]
+    expected, reach = 1.0, 1.0  # E[tokens | n] = 1 + sum_{i<=n} prod_{j<=i} a_j
     for n in range(1, max_len + 1):
-        rate = expected_tokens_per_round(accept, n) / costs.round_seconds(n)
+        reach *= first if n == 1 else cont
+        expected += reach
+        rate = expected / costs.round_seconds(n)
         if rate > best_rate * (1.0 + 1e-9):
             best, best_rate = n, rate
-    return best
+    return best, best_rate
+
+
+def best_length(first: float, cont: float, max_len: int, costs: Costs) -> int:
+    """The draft length of ``best_plan``."""
+    return best_plan(first, cont, max_len, costs)[0]
 
 
 @dataclass
@@ -118,19 +130,29 @@ class MatchPlanner:
             self.cont = [Rate(p) for p in PRIOR_CONT]
         assert len(self.first) == len(self.cont) == len(BUCKETS)
 
-    def length(self, match_len: int, available: int) -> int:
-        """How many of ``available`` drafted tokens to keep for a match of ``match_len``."""
+    def plan(self, match_len: int, available: int) -> tuple[int, float]:
+        """(how many of ``available`` drafted tokens to keep for a match of ``match_len``, the
+        expected tokens per second of that choice): what ``length`` keeps, with the rate a
+        drafter comparing several places to draft from ranks them by."""
         if match_len < 1 or available < 1:
-            return 0
+            return 0, 1.0 / self.costs.round_seconds(0)
         b = bucket_of(match_len)
         f, cont = self.first[b], self.cont[b].mean
+        exploit = best_plan(f.mean, cont, available, self.costs)
         if f.trials >= EXPLORE_TRIALS:
-            return best_length(f.mean, cont, available, self.costs)
-        explore = best_length(f.optimistic, cont, available, self.costs)
+            return exploit
+        explore = best_plan(f.optimistic, cont, available, self.costs)
         if self.explore_len is None:  # as long as optimism says
             return explore
-        exploit = best_length(f.mean, cont, available, self.costs)
-        return exploit if exploit > 0 else min(explore, self.explore_len)
+        if exploit[0] > 0:
+            return exploit
+        n = min(explore[0], self.explore_len)
+        rate = best_plan(f.optimistic, cont, n, self.costs) if n else explore
+        return n, rate[1]
+
+    def length(self, match_len: int, available: int) -> int:
+        """How many of ``available`` drafted tokens to keep for a match of ``match_len``."""
+        return self.plan(match_len, available)[0]
 
     def observe(self, match_len: int, drafted: int, kept: int) -> None:
         """A round drafted ``drafted`` tokens for a match of ``match_len``; ``kept`` survived."""
@@ -144,8 +166,29 @@ class MatchPlanner:
             self.cont[b].add(i < kept)
 
 
+# The suffix drafter under the planner: drafts up to 64 tokens, as long as a match of m tokens
+# allows at 8 per matched token (the planner cuts them to what pays; the suffix drafter's own
+# defaults, 16 and 2 per token, size drafts for a fixed K)
+PLANNED_SUFFIX = SuffixOptions(max_draft=64, draft_per_match=8.0)
+
+
+def planned_suffix(text: str = "") -> SuffixDrafter:
+    """The inner drafter of ``planned[:OPTS]``: ``PLANNED_SUFFIX`` with OPTS over it."""
+    return SuffixDrafter(parse_suffix_options(text, PLANNED_SUFFIX))
+
+
+# Where a suffix draft comes from, each with its own planner (learned acceptance): a copy of
+# the prompt (a document being edited, quoted or summarised) or a repeat of the output's own
+# earlier text (the suffix tree over what was generated).
+COPY = "copy"
+REPEAT = "repeat"
+SOURCES = (COPY, REPEAT)
+
+
 class PlannedSuffixDrafter:
-    """A ``SuffixDrafter`` whose drafts are cut to the cost-aware length of a ``MatchPlanner``.
+    """A ``SuffixDrafter`` whose drafts are cut to the cost-aware length of a ``MatchPlanner``,
+    one planner per source of the draft (``SOURCES``: the prompt or the output, told apart by
+    the position the draft copies, ``SuffixDrafter.last_source``).
 
     It learns how much of each draft was kept from the next context it is given: the tokens
     after the previous context either start with the whole draft (all kept) or leave it at
@@ -164,13 +207,14 @@ class PlannedSuffixDrafter:
         self.costs = costs
         self.explore_len = explore_len
         self.name = f"{inner.name}-planned"
-        self.planner = MatchPlanner(costs, explore_len)
-        self._pending: tuple[int, int, list[int]] | None = None  # (context len, match, draft)
+        self.reset()
 
     def reset(self) -> None:
         self.inner.reset()
-        self.planner = MatchPlanner(self.costs, self.explore_len)
-        self._pending = None
+        self.planners = {s: MatchPlanner(self.costs, self.explore_len) for s in SOURCES}
+        self._prompt: int | None = None  # the prompt's length (the first context proposed on)
+        # (context len, source, match, draft) of the draft not yet settled
+        self._pending: tuple[int, str, int, list[int]] | None = None
 
     def prefill(self, context: Sequence[int]) -> None:
         self.inner.prefill(context)
@@ -179,7 +223,7 @@ class PlannedSuffixDrafter:
         """Account for the previous draft, now that the context shows what was kept."""
         if self._pending is None:
             return
-        start, match_len, draft = self._pending
+        start, source, match_len, draft = self._pending
         if len(context) <= start:
             return  # nothing emitted after it yet (rollback within the same round)
         kept = 0
@@ -187,7 +231,7 @@ class PlannedSuffixDrafter:
             if tok != got:
                 break
             kept += 1
-        self.planner.observe(match_len, len(draft), kept)
+        self.planners[source].observe(match_len, len(draft), kept)
         self._pending = None
 
     def rollback(self, context: Sequence[int]) -> None:
@@ -202,12 +246,16 @@ class PlannedSuffixDrafter:
         generator: torch.Generator,
     ) -> Draft:
         self._settle(context)
+        if self._prompt is None:
+            self._prompt = len(context)
         draft = self.inner.propose(context, k, sampling, generator)
         if not draft.tokens:
             return draft
         match_len = self.inner.last_match_len
-        keep = self.planner.length(match_len, len(draft.tokens))
+        src = self.inner.last_source
+        source = COPY if src is not None and src < self._prompt else REPEAT
+        keep = self.planners[source].length(match_len, len(draft.tokens))
         tokens = draft.tokens[:keep]
         if tokens:
-            self._pending = (len(context), match_len, tokens)
+            self._pending = (len(context), source, match_len, tokens)
         return Draft(tokens, None)

@@ -4,23 +4,38 @@ When a model edits text the user already has (apply a change to a function, rena
 through a file, add type hints), most of its output repeats that text. The user passes it as a
 *prediction*; this drafter proposes it, from where the output currently stands in it.
 
-State: ``pos``, the index in the prediction P (token ids, tokenized once) of the token the
-output is expected to produce next, or None when the output has left the prediction.
+State: a ``Cursor`` (the position in the prediction P, token ids tokenized once, of the token
+the output is expected to produce next, and any tokens of a replayed edit still due before
+it), or None when the output has left the prediction (then ``lost``: where, and when).
 
-* In sync: each round drafts P[pos:], cut to the length that the target's measured verify
-  curve pays for given the acceptance learned so far (``drafters.planned.MatchPlanner``, with
-  priors of its own); the tokens the round keeps move ``pos`` on while they equal P's.
-* A divergence (the model inserts, deletes or changes tokens) leaves the prediction. Each
-  later round tries to re-synchronise: the longest suffix of the output (2 to ``MAX_MATCH``
-  tokens) that occurs in P, the occurrence nearest ahead of where the output left P first,
-  then the nearest behind; or, within ``SINGLE_ANCHOR`` tokens of leaving it, the last token
-  alone where it first occurs within ``SKIP_WINDOW`` tokens from where the output left (a
-  token replaced, or part of P skipped). Drafting resumes after the match, its length learned
-  per match length: a 1-token anchor is often a coincidence, and a draft after one is short
-  until such drafts prove kept.
-* Where the prediction has no match (or is used up), the fallback drafter (the pair's own:
-  suffix / planned by default) proposes instead, and sees every prefill and rollback so its
-  own state stays in step.
+* In sync: each round drafts what P holds from the cursor on, cut to the length that the
+  target's measured verify curve pays for given the acceptance learned so far
+  (``drafters.planned.MatchPlanner``, with priors of its own), up to K (64 by default, where
+  the curve is measured); the tokens the round keeps move the cursor on.
+* Edits the output made are replayed (``Edits``): once the output has rejoined P after an
+  edit, the same change (the same tokens of P replaced, or the same insertion after the
+  same token) is drafted wherever P holds it again (a rename through a file, a re-indented
+  line), for as long as such drafts are kept more often than not.
+* A rejection (the model inserts, deletes or changes tokens) leaves the prediction. From the
+  very round whose correction token left it, every round looks for where the output rejoins
+  P, at a bounded cost (``drafters.span_index``): the longest suffix of the output (2 to
+  ``MAX_MATCH`` tokens) found in P, nearest ahead of where it left; the output's last token
+  found just ahead of there (a stretch of P skipped, or an insertion or a replacement that
+  has just ended); and, with no evidence yet, the two places an edit that ends now would
+  rejoin at: right after the token the output replaced, or at the token it inserted text
+  before. Each kind of place has its own learned acceptance (its planner), and the round
+  drafts from the place whose draft the cost model values most, or not at all. A draft
+  near where the output left (a *rejoin*) continues the prediction's run, so the drafts
+  after it are as long as before the edit; a match far away (a *jump*, judged by rates of
+  its own: most are coincidences) starts a new run.
+* Where the prediction has no place that pays (or is used up), the fallback drafter (the
+  pair's own: the planned suffix drafter by default) proposes instead, and sees every
+  prefill and rollback so its own state stays in step.
+
+Per round the drafter's work is bounded whatever the prediction's length: the index lookups
+of ``span_index.resync_bound`` and a ``SKIP_WINDOW`` scan while lost, and the draft's own
+tokens with at most ``MAX_EDIT_CANDIDATES`` edit lookups per token (counted in
+``index.probes``).
 
 Drafts are deterministic given the context and carry no probabilities (one-hot q), so the
 accept/reject rule keeps the output distribution exactly the target's: with a prediction,
@@ -33,86 +48,215 @@ its drafts stop being kept. Rounds drafted from the prediction are tagged ``sour
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
 from specdec.drafters.base import Draft, Drafter
-from specdec.drafters.planned import BUCKETS, EXPLORE_LEN, MatchPlanner, Rate
+from specdec.drafters.planned import BUCKETS, EXPLORE_LEN, PRIOR_WEIGHT, MatchPlanner, Rate
+from specdec.drafters.span_index import MAX_MATCH, SKIP_WINDOW, SpanIndex
 from specdec.sampling import SamplingConfig
 from specdec.theory import Costs
 
 SOURCE = "prediction"
-MAX_MATCH = 8  # longest output suffix compared when re-synchronising (and the top bucket)
-SKIP_WINDOW = 64  # how far ahead a single token may re-anchor right after a divergence
-SINGLE_ANCHOR = 2  # output tokens after a divergence during which one token may re-anchor
-# Priors per match-length bucket (see planned.BUCKETS): a prediction is usually the text
-# itself, so even a short re-anchoring match is more often right than a suffix match is.
-PRIOR_FIRST = (0.35, 0.5, 0.6, 0.7, 0.8, 0.85)
-PRIOR_CONT = (0.8, 0.85, 0.88, 0.9, 0.92, 0.95)
+SINGLE_ANCHOR = 2  # output tokens after leaving during which any one-token anchor may rejoin
+REJOIN_WINDOW = SKIP_WINDOW  # a match this near where the output left continues its run
+
+# The kinds of place a draft starts from, each with its own planner (learned acceptance):
+SYNC = "sync"  # in sync, by the run of tokens matched since the last jump (BUCKETS)
+REJOIN = "rejoin"  # near where the output left, by the match length found (1: one token)
+JUMP = "jump"  # a match far from where the output left, by its length
+REPLACED = "replaced"  # no evidence: the output replaced P[left_at] and goes on after it
+INSERTED = "inserted"  # no evidence: the output inserted text and goes on at P[left_at]
+# Priors per match-length bucket (planned.BUCKETS), first token and continuation: a
+# prediction is usually the text itself, so even a short match is more often right than a
+# suffix match is; a place guessed without evidence is often wrong.
+PRIORS: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]] = MappingProxyType(
+    {
+        SYNC: ((0.35, 0.5, 0.6, 0.7, 0.8, 0.85), (0.8, 0.85, 0.88, 0.9, 0.92, 0.95)),
+        REJOIN: ((0.5, 0.6, 0.7, 0.75, 0.8, 0.85), (0.85, 0.88, 0.9, 0.92, 0.94, 0.95)),
+        JUMP: ((0.2, 0.3, 0.4, 0.5, 0.6, 0.7), (0.6, 0.7, 0.75, 0.8, 0.85, 0.9)),
+        REPLACED: ((0.3,) * 6, (0.9,) * 6),
+        INSERTED: ((0.2,) * 6, (0.9,) * 6),
+    }
+)
+assert all(len(f) == len(c) == len(BUCKETS) for f, c in PRIORS.values())
+# How many rounds each prior is worth: in sync the prior holds for longer (a prediction is
+# mostly the output, and a few drafts that ran into edits early on must not shorten every
+# later draft), elsewhere it yields to the request's own rounds after a couple of them
+PRIOR_WEIGHTS: Mapping[str, float] = MappingProxyType({SYNC: 8.0})
+
+# Edits learned from the output (``Edits``): how long, how many, and when they stop replaying
+MAX_DELETED = 16  # tokens of P an edit replaces
+MAX_INSERTED = 32  # tokens it puts there
+MAX_EDITS = 64  # edits kept per generation (the latest win)
+MAX_EDIT_CANDIDATES = 4  # replacements looked at per position (the latest ones)
+EDIT_PRIOR = 0.6  # an edit's prior rate of being kept where it is replayed
+EDIT_MIN_RATE = 0.5  # it is replayed while its rate's mean is at least this
 
 
-def prediction_planner(costs: Costs, explore_len: int | None = EXPLORE_LEN) -> MatchPlanner:
-    """A ``MatchPlanner`` with the prediction drafter's priors."""
-    return MatchPlanner(
-        costs,
-        explore_len,
-        first=[Rate(p) for p in PRIOR_FIRST],
-        cont=[Rate(p) for p in PRIOR_CONT],
-    )
+def prediction_planners(
+    costs: Costs, explore_len: int | None = EXPLORE_LEN
+) -> dict[str, MatchPlanner]:
+    """One ``MatchPlanner`` per kind of place, with the prediction drafter's priors."""
+    out = {}
+    for kind, (f, c) in PRIORS.items():
+        w = PRIOR_WEIGHTS.get(kind, PRIOR_WEIGHT)
+        first = [Rate(p, weight=w) for p in f]
+        out[kind] = MatchPlanner(
+            costs, explore_len, first=first, cont=[Rate(p, weight=w) for p in c]
+        )
+    return out
 
 
-assert len(PRIOR_FIRST) == len(PRIOR_CONT) == len(BUCKETS)
+@dataclass(frozen=True)
+class Cursor:
+    """Where the output stands in the prediction as edited: its next token is ``queue[0]``
+    (what a replayed edit puts in place of P[at:pos]) or, with no queue, P[pos]. ``spliced``:
+    an insertion was replayed at pos already (so it is not replayed there twice)."""
+
+    pos: int
+    queue: tuple[int, ...] = ()
+    spliced: bool = False
+    at: int = -1  # where the replayed edit starts in P (while its tokens are due)
+
+    @property
+    def left_at(self) -> int:
+        """Where the output leaves P when it does not produce this cursor's next token."""
+        return self.at if self.queue else self.pos
 
 
-class PredictionIndex:
-    """Where each pair of consecutive tokens occurs in the prediction (built once)."""
+@dataclass
+class Edit:
+    """The output put ``inserted`` where P has ``deleted`` (after the token ``left`` when
+    nothing was deleted); ``rate``: how often replaying it kept its first changed token."""
 
-    def __init__(self, tokens: Sequence[int]) -> None:
-        self.tokens = [int(t) for t in tokens]
-        self._pairs: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for j in range(2, len(self.tokens) + 1):  # j: the position after the pair
-            self._pairs[(self.tokens[j - 2], self.tokens[j - 1])].append(j)
+    deleted: tuple[int, ...]
+    inserted: tuple[int, ...]
+    left: int
+    rate: Rate
+
+
+class Edits:
+    """The edits a generation made, replayed where P holds what they changed: replacements
+    looked up by their first deleted token, insertions by the token before them."""
+
+    def __init__(self, index: SpanIndex) -> None:
+        self.index = index
+        self._replacing: dict[int, list[Edit]] = {}  # deleted[0] -> edits, latest last
+        self._inserting: dict[int, Edit] = {}  # left -> the latest insertion after it
+        self._order: list[Edit] = []
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self._order)
 
-    def resync(self, output: Sequence[int], expected: int) -> tuple[int, int] | None:
-        """(position after the match, match length) of the longest suffix of ``output``
-        (2..MAX_MATCH tokens) found in the prediction, ties broken by distance from
-        ``expected``: ahead (>= expected) before behind, nearest first. None without one."""
-        if len(output) < 2:
-            return None
-        best: tuple[int, int, int, int] | None = None  # (-length, behind, distance, j)
-        for j in self._pairs.get((int(output[-2]), int(output[-1])), ()):
-            m = 2
-            while (
-                m < MAX_MATCH
-                and m < j
-                and m < len(output)
-                and (self.tokens[j - m - 1] == output[-m - 1])
-            ):
-                m += 1
-            key = (-m, int(j < expected), abs(j - expected), j)
-            if best is None or key < best:
-                best = key
-        return None if best is None else (best[3], -best[0])
+    def learn(self, left: int, deleted: Sequence[int], inserted: Sequence[int]) -> None:
+        """The output replaced ``deleted`` (after ``left``) with ``inserted``."""
+        d, ins = tuple(deleted), tuple(inserted)
+        if not (d or ins) or len(d) > MAX_DELETED or len(ins) > MAX_INSERTED:
+            return
+        same = self._find(left, d)
+        if same is not None and same.inserted == ins:
+            return
+        if same is not None:
+            self._drop(same)
+        edit = Edit(d, ins, left, Rate(EDIT_PRIOR))
+        if d:
+            self._replacing.setdefault(d[0], []).append(edit)
+        else:
+            self._inserting[left] = edit
+        self._order.append(edit)
+        if len(self._order) > MAX_EDITS:
+            self._drop(self._order[0])
 
-    def skip_to(self, token: int, start: int) -> int | None:
-        """The position after the first occurrence of ``token`` in [start, start +
-        SKIP_WINDOW) (a deletion: the output skipped part of the prediction), or None."""
-        for j in range(max(0, start), min(len(self.tokens), start + SKIP_WINDOW)):
-            if self.tokens[j] == token:
-                return j + 1
-        return None
+    def _find(self, left: int, deleted: tuple[int, ...]) -> Edit | None:
+        if not deleted:
+            return self._inserting.get(left)
+        return next((e for e in self._replacing.get(deleted[0], []) if e.deleted == deleted), None)
+
+    def _drop(self, edit: Edit) -> None:
+        self._order.remove(edit)
+        if edit.deleted:
+            self._replacing[edit.deleted[0]].remove(edit)
+        else:
+            del self._inserting[edit.left]
+
+    def at(self, pos: int, spliced: bool) -> Edit | None:
+        """The edit to replay at P[pos], if any is in good standing: a replacement of the
+        tokens starting there (the longest), else an insertion after P[pos - 1] (unless one
+        was replayed at pos already)."""
+        toks = self.index.tokens
+        best: Edit | None = None
+        if pos < len(toks):
+            for e in self._replacing.get(toks[pos], [])[-MAX_EDIT_CANDIDATES:]:
+                self.index.probes += len(e.deleted)
+                n = len(e.deleted)
+                if (
+                    e.rate.mean >= EDIT_MIN_RATE
+                    and tuple(toks[pos : pos + n]) == e.deleted
+                    and (best is None or n > len(best.deleted))
+                ):
+                    best = e
+        if best is None and not spliced and pos >= 1:
+            self.index.probes += 1
+            ins = self._inserting.get(toks[pos - 1])
+            if ins is not None and ins.rate.mean >= EDIT_MIN_RATE:
+                best = ins
+        return best
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a draft from the prediction may start: ``cursor``, of this kind, on a match of
+    ``match`` tokens (1 for an anchor or a guess)."""
+
+    cursor: Cursor
+    kind: str
+    match: int
+
+
+@dataclass
+class Lost:
+    """The output left the prediction at P[left_at] (the position it did not produce), with
+    its context token ``out_at`` (the divergent one), ``since`` output tokens ago."""
+
+    left_at: int
+    out_at: int
+    since: int
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A draft proposed at context length ``start``, not yet settled: from ``place``, its
+    tokens and the cursor after each, the edits it replayed (offset of the first changed
+    token, edit), and ``lost`` the state to return to when its first token is not kept
+    (None: it was drafted in sync)."""
+
+    start: int
+    place: Place
+    tokens: tuple[int, ...]
+    after: tuple[Cursor, ...]
+    replayed: tuple[tuple[int, Edit], ...]
+    lost: Lost | None
+
+
+def kept_prefix(draft: Sequence[int], got: Sequence[int]) -> int:
+    """Leading draft tokens that the context kept."""
+    kept = 0
+    for tok, have in zip(draft, got, strict=False):
+        if tok != have:
+            break
+        kept += 1
+    return kept
 
 
 class PredictionDrafter:
     """Drafts a prediction (token ids) from where the output stands in it; see the module
     docstring. ``fallback`` drafts where the prediction has no match (None: nothing);
-    ``costs`` size the drafts (None: as long as K allows, for tests and tools without a
-    measured target)."""
+    ``costs`` size the drafts (None: as long as K allows, from the in-sync place or the
+    longest match, for tests and tools without a measured target)."""
 
     def __init__(
         self,
@@ -121,23 +265,28 @@ class PredictionDrafter:
         costs: Costs | None,
         fallback: Drafter | None = None,
     ) -> None:
-        self.index = PredictionIndex(prediction)
+        self.index = SpanIndex(prediction)
         self.costs = costs
         self.fallback = fallback
         self.name = SOURCE + (f"+{fallback.name}" if fallback is not None else "")
         self.reset()
 
     def reset(self) -> None:
-        self.planner = prediction_planner(self.costs) if self.costs is not None else None
-        self.pos: int | None = 0  # the output starts at the prediction's start
-        self.run = 0  # output tokens matched since the last (re-)synchronisation
-        self.left_at = 0  # where the output left the prediction (re-sync looks near it)
-        self.since_left = 0  # output tokens since it left (the divergent one included)
+        self.planners = prediction_planners(self.costs) if self.costs is not None else None
+        self.edits = Edits(self.index)
+        self.cursor: Cursor | None = Cursor(0)  # the output starts at the prediction's start
+        self.run = 0  # output tokens matched since the start or the last jump
+        self.lost: Lost | None = None  # set whenever the cursor is None
         self._start: int | None = None  # context length where the output begins
         self._seen = 0  # context length already walked
-        self._pending: tuple[int, int, list[int]] | None = None  # (ctx len, bucket m, draft)
+        self._pending: Pending | None = None
         if self.fallback is not None:
             self.fallback.reset()
+
+    @property
+    def pos(self) -> int | None:
+        """The prediction position the output stands at (None: it left the prediction)."""
+        return None if self.cursor is None else self.cursor.pos
 
     def report(self) -> dict[str, int]:
         """What a generation's result records: the prediction's length in tokens (the result
@@ -153,42 +302,164 @@ class PredictionDrafter:
         if self.fallback is not None:
             self.fallback.rollback(context)
 
+    # ----------------------------------------------------------------- the edited stream
+    def stream(
+        self, cursor: Cursor, n: int
+    ) -> tuple[list[int], list[Cursor], list[tuple[int, Edit]]]:
+        """Up to n tokens of the prediction as edited, from ``cursor``: the tokens, the cursor
+        after each, and the edits replayed (offset of the first token they change, edit)."""
+        toks = self.index.tokens
+        out: list[int] = []
+        after: list[Cursor] = []
+        replayed: list[tuple[int, Edit]] = []
+        c = cursor
+        while len(out) < n:
+            if c.queue:
+                out.append(c.queue[0])
+                c = Cursor(c.pos, c.queue[1:], c.spliced, c.at)
+                after.append(c)
+                continue
+            if c.pos >= len(toks):
+                break
+            edit = self.edits.at(c.pos, c.spliced)
+            if edit is not None:
+                replayed.append((len(out), edit))
+                c = Cursor(c.pos + len(edit.deleted), edit.inserted, not edit.deleted, c.pos)
+                continue
+            out.append(toks[c.pos])
+            c = Cursor(c.pos + 1)
+            after.append(c)
+        return out, after, replayed
+
+    def _follow(self, cursor: Cursor, tokens: Sequence[int], offset: int) -> None:
+        """Walk ``tokens`` (context positions from ``offset``) from ``cursor``: in sync while
+        they are the edited prediction's, lost at the first that is not."""
+        c: Cursor | None = cursor
+        for i, t in enumerate(tokens):
+            if c is None:
+                assert self.lost is not None
+                self.lost.since += 1
+                continue
+            nxt, after, _ = self.stream(c, 1)
+            if nxt and nxt[0] == t:
+                c = after[0]
+                self.run += 1
+            else:
+                self.lost = Lost(c.left_at, offset + i, 1)
+                c = None
+        self.cursor = c
+
+    # ------------------------------------------------------------------ the bookkeeping
+    def _settle(self, context: Sequence[int]) -> int:
+        """The previous draft's account, now that the context shows what it kept: the
+        planners and the replayed edits learn, a rejoin teaches its edit, and the cursor
+        moves past the kept tokens (a draft from a place that was not the output's is
+        undone). Returns the context length walked."""
+        p = self._pending
+        if p is None or len(context) <= p.start:
+            return self._seen
+        self._pending = None
+        kept = kept_prefix(p.tokens, context[p.start :])
+        if self.planners is not None:
+            self.planners[p.place.kind].observe(p.place.match, len(p.tokens), kept)
+        for offset, edit in p.replayed:
+            if kept >= offset and offset < len(p.tokens):
+                edit.rate.add(kept > offset)
+        if kept == 0:
+            if p.lost is not None:  # not where the output went: still lost
+                self.cursor, self.lost = None, p.lost
+            return p.start
+        if p.lost is not None and p.place.kind != JUMP:
+            self._learn(p, context)
+        self.cursor, self.lost = p.after[kept - 1], None
+        self.run += kept
+        return p.start + kept
+
+    def _learn(self, p: Pending, context: Sequence[int]) -> None:
+        """The edit a confirmed rejoin closes: what the output put in place of P[left_at:r]
+        (r: where it rejoined; for a match, where the matched tokens start)."""
+        lost, place = p.lost, p.place
+        assert lost is not None and self._start is not None
+        back = place.match if place.kind == REJOIN else 0
+        r, o = place.cursor.pos - back, p.start - back
+        if r < lost.left_at or o < lost.out_at or lost.left_at < 1:
+            return
+        toks = self.index.tokens
+        self.edits.learn(toks[lost.left_at - 1], toks[lost.left_at : r], context[lost.out_at : o])
+
     def _walk(self, context: Sequence[int]) -> None:
-        """Follow the tokens the output gained since the last call through the prediction,
-        and settle the planner's account of the previous draft."""
+        """Follow the tokens the output gained since the last call through the prediction."""
         if self._start is None:  # the first call: the context is the prompt
             self._start = self._seen = len(context)
             return
-        if self._pending is not None and len(context) > self._pending[0]:
-            start, m, draft = self._pending
-            kept = 0
-            for tok, got in zip(draft, context[start:], strict=False):
-                if tok != got:
-                    break
-                kept += 1
-            if self.planner is not None:
-                self.planner.observe(m, len(draft), kept)
-            self._pending = None
-        tokens = self.index.tokens
-        for t in context[self._seen :]:
-            if self.pos is not None and self.pos < len(tokens) and tokens[self.pos] == t:
-                self.pos += 1
-                self.run += 1
-            elif self.pos is not None:
-                self.left_at, self.pos, self.run, self.since_left = self.pos, None, 0, 1
-            else:
-                self.since_left += 1
+        seen = max(self._seen, self._settle(context))
+        if self.cursor is not None:
+            self._follow(self.cursor, context[seen:], seen)
+        elif self.lost is not None:
+            self.lost.since += max(0, len(context) - seen)
         self._seen = len(context)
 
-    def _resync(self, context: Sequence[int]) -> None:
-        assert self._start is not None
+    # ---------------------------------------------------------------- where to draft
+    def places(self, context: Sequence[int]) -> list[Place]:
+        """Where a draft may start, strongest evidence first (one place per position)."""
+        if self.cursor is not None:
+            return [Place(self.cursor, SYNC, max(1, min(self.run, MAX_MATCH)))]
+        lost = self.lost
+        assert lost is not None and self._start is not None
         output = context[self._start :]
-        found = self.index.resync(output[-MAX_MATCH:], self.left_at)
-        if found is None and output and self.since_left <= SINGLE_ANCHOR:
-            j = self.index.skip_to(int(output[-1]), self.left_at)
-            found = None if j is None else (j, 1)
+        out: list[tuple[int, str, int]] = []
+        found = self.index.resync(output[-MAX_MATCH:], lost.left_at)
         if found is not None:
-            self.pos, self.run = found
+            j, m = found
+            near = abs(j - lost.left_at) <= REJOIN_WINDOW
+            out.append((j, REJOIN if near else JUMP, m))
+        if output:
+            # the output's last token just ahead: an edit ending, or (soon after leaving)
+            # a stretch of the prediction skipped
+            window = SKIP_WINDOW if lost.since <= SINGLE_ANCHOR else 2
+            j1 = self.index.skip_to(int(output[-1]), lost.left_at, window)
+            if j1 is not None:
+                out.append((j1, REJOIN, 1))
+        out.append((lost.left_at + 1, REPLACED, 1))
+        out.append((lost.left_at, INSERTED, 1))
+        seen: set[int] = set()
+        places = []
+        for at, kind, m in out:
+            if at not in seen and at < len(self.index):
+                seen.add(at)
+                places.append(Place(Cursor(at), kind, m))
+        return places
+
+    def _choose(self, places: list[Place], k: int) -> tuple[Place, Pending] | None:
+        """The place the planners value most and its draft (None: no draft pays)."""
+        best: tuple[float, Place, int] | None = None
+        drafts = {}
+        for p in places:
+            if self.planners is None and p.kind not in (SYNC, REJOIN, JUMP):
+                continue  # no costs: the first place with evidence, as far as K allows
+            drafts[p] = self.stream(p.cursor, k)
+            n = len(drafts[p][0])
+            if self.planners is None:
+                if n:
+                    best = (0.0, p, n)
+                    break
+                continue
+            length, rate = self.planners[p.kind].plan(p.match, n)
+            if length > 0 and (best is None or rate > best[0]):
+                best = (rate, p, length)
+        if best is None:
+            return None
+        _, place, length = best
+        tokens, after, replayed = drafts[place]
+        pending = Pending(
+            start=0,
+            place=place,
+            tokens=tuple(tokens[:length]),
+            after=tuple(after[:length]),
+            replayed=tuple((o, e) for o, e in replayed if o < length),
+            lost=None,
+        )
+        return place, pending
 
     def propose(
         self,
@@ -198,20 +469,20 @@ class PredictionDrafter:
         generator: torch.Generator,
     ) -> Draft:
         self._walk(context)
-        if self.pos is None:
-            self._resync(context)
-        if self.pos is not None and self.pos < len(self.index) and k > 0:
-            available = self.index.tokens[self.pos : self.pos + k]
-            m = max(1, min(self.run, MAX_MATCH))  # the start counts as a 1-token match
-            if self.planner is None:
-                keep = len(available)
-            else:
-                keep = self.planner.length(m, len(available))
-            if keep > 0:
-                tokens = available[:keep]
-                self._pending = (len(context), m, tokens)
-                return Draft(tokens, None, source=SOURCE)
-            return Draft([], None)  # drafting here would not pay: a plain step
+        used_up = self.cursor is not None and not self.stream(self.cursor, 1)[0]
+        if k > 0 and not used_up:
+            choice = self._choose(self.places(context), k)
+            if choice is not None:
+                place, pending = choice
+                lost = self.lost if self.cursor is None else None
+                if lost is not None and place.kind == JUMP:  # a new run
+                    self.run = place.match
+                self._pending = Pending(
+                    len(context), place, pending.tokens, pending.after, pending.replayed, lost
+                )
+                return Draft(list(pending.tokens), None, source=SOURCE)
+            if self.cursor is not None:
+                return Draft([], None)  # drafting here would not pay: a plain step
         if self.fallback is not None:
             return self.fallback.propose(context, k, sampling, generator)
         return Draft([], None)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -75,9 +75,10 @@ class SuffixOptions:
             raise ConfigError(f"suffix max_candidates must be >= 1, got {self.max_candidates}")
 
 
-def parse_suffix_options(text: str) -> SuffixOptions:
-    """Options from ``"max_draft=16,min_match=3"`` (the empty string gives the defaults), for
-    command lines; unknown names and bad values are ConfigErrors."""
+def parse_suffix_options(text: str, base: SuffixOptions | None = None) -> SuffixOptions:
+    """Options from ``"max_draft=16,min_match=3"`` over ``base`` (default: the defaults; the
+    empty string gives ``base``), for command lines; unknown names and bad values are
+    ConfigErrors."""
     types = {f.name: f.type for f in fields(SuffixOptions)}
     values: dict[str, int | float] = {}
     for item in (part.strip() for part in text.split(",")):
@@ -92,7 +93,7 @@ def parse_suffix_options(text: str) -> SuffixOptions:
             values[name] = float(raw) if types[name] in (float, "float") else int(raw)
         except ValueError as e:
             raise ConfigError(f"suffix option {name}: {raw!r} is not a number") from e
-    return SuffixOptions(**values)  # type: ignore[arg-type]
+    return replace(base or SuffixOptions(), **values)  # type: ignore[arg-type]
 
 
 class SuffixIndex:
@@ -172,11 +173,19 @@ def vote_draft(
     ``candidates`` are positions (increasing, all < len(tokens)) whose continuation
     ``tokens[c], tokens[c+1], ...`` is a possible future; a continuation that runs past the
     end of ``tokens`` continues with the draft itself (the text the draft would make), so
-    periodic text drafts past the end. Each step takes the token most still-agreeing
+    periodic text drafts past the end. Each step takes the token most of the still-agreeing
     candidates continue with (ties: the most recent candidate's token), drops the ones that
     disagree, and multiplies the confidence by the winner's share; drafting stops before the
     confidence would fall below ``min_confidence``.
     """
+    return voted(tokens, candidates, cap, min_confidence)[0]
+
+
+def voted(
+    tokens: Sequence[int], candidates: Sequence[int], cap: int, min_confidence: float
+) -> tuple[list[int], int | None]:
+    """``vote_draft``'s draft and its source: the most recent candidate whose continuation
+    is the whole draft (None for an empty draft)."""
     length = len(tokens)
     draft: list[int] = []
     alive = list(candidates)
@@ -196,7 +205,7 @@ def vote_draft(
         confidence *= share
         draft.append(best)
         alive = [c for c in alive if _token_at(tokens, draft, c + d) == best]
-    return draft
+    return draft, (alive[-1] if draft else None)
 
 
 def _token_at(tokens: Sequence[int], draft: Sequence[int], i: int) -> int:
@@ -206,12 +215,21 @@ def _token_at(tokens: Sequence[int], draft: Sequence[int], i: int) -> int:
 def suffix_draft(index: SuffixIndex, k: int, options: SuffixOptions) -> tuple[int, list[int]]:
     """(match length, draft) for the indexed context: (0, []) without a match of at least
     min_match tokens."""
+    match_len, draft, _ = sourced_draft(index, k, options)
+    return match_len, draft
+
+
+def sourced_draft(
+    index: SuffixIndex, k: int, options: SuffixOptions
+) -> tuple[int, list[int], int | None]:
+    """``suffix_draft`` with the draft's source (``voted``): the context position it copies."""
     match_len, positions = index.longest_match()
     cap = draft_length_cap(match_len, k, options)
     if cap == 0:
-        return match_len, []
+        return match_len, [], None
     candidates = positions[-options.max_candidates :]
-    return match_len, vote_draft(index.tokens, candidates, cap, options.min_confidence)
+    draft, source = voted(index.tokens, candidates, cap, options.min_confidence)
+    return match_len, draft, source
 
 
 class SuffixDrafter:
@@ -231,10 +249,12 @@ class SuffixDrafter:
         self.name = name or f"suffix{o.min_match}-{o.max_match}"
         self.index = SuffixIndex(o.min_match, o.max_match)
         self.last_match_len = 0  # of the latest proposal (0 = no match)
+        self.last_source: int | None = None  # the context position it copies (``voted``)
 
     def reset(self) -> None:
         self.index = SuffixIndex(self.options.min_match, self.options.max_match)
         self.last_match_len = 0
+        self.last_source = None
 
     def _agreed(self, context: Sequence[int]) -> int:
         """Length of the prefix the index shares with context (see the class docstring)."""
@@ -271,7 +291,8 @@ class SuffixDrafter:
         generator: torch.Generator,
     ) -> Draft:
         if k <= 0:
+            self.last_match_len, self.last_source = 0, None
             return Draft([], None)
         self._sync(context)
-        self.last_match_len, tokens = suffix_draft(self.index, k, self.options)
+        self.last_match_len, tokens, self.last_source = sourced_draft(self.index, k, self.options)
         return Draft(tokens, None)

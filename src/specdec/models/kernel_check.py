@@ -194,7 +194,7 @@ def type_names(types: Sequence[int]) -> tuple[str, ...]:
 def verdict_key(
     llama_cpp: Any, header: GGUFHeader, listed: Sequence[str], fault: str | None
 ) -> str:
-    from specdec.machine import cpu_flags, cpu_model
+    from specdec.machine import all_cpu_flags, cpu_model
 
     try:
         version = metadata.version("llama_cpp_python")
@@ -203,7 +203,7 @@ def verdict_key(
     blob = {
         "schema": SCHEMA,
         "cpu": cpu_model(),
-        "flags": hashlib.sha256(" ".join(cpu_flags()).encode()).hexdigest(),
+        "flags": hashlib.sha256(" ".join(all_cpu_flags()).encode()).hexdigest(),
         "llama_cpp_python": version,
         "build": build_id(llama_cpp),
         "weights": list(weight_types(header)),

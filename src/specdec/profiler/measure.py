@@ -80,8 +80,12 @@ def round_overhead(target: CausalLM, n_tokens: int = 8) -> float:
 
 
 # verify passes timed by the profile (the others are interpolated): every size drafts of up
-# to 6 use, then the coarser points where the curves measured here change slope
-PROFILE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
+# to 6 use, then the coarser points where the curves measured here change slope; past 12
+# rows (drafts of a prediction or a copy, up to 64) each side of every 16-row boundary and
+# the middle between: llama.cpp's repacked AVX-512 kernels work on blocks of rows, so the
+# curve may step up just past a multiple of 16 (15 and 16 rows cost the same 8.07 steps in
+# the AVX-512 profile) and interpolating across such a step would misprice the passes there
+PROFILE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 15, 16, 17, 24, 31, 32, 33, 40, 47, 48, 49, 56, 63, 64)
 
 
 def target_costs(
@@ -184,8 +188,9 @@ def calibrated(costs: Costs, step_s: float) -> Costs:
 # the sizes ``curve_ratios`` times (1 and n_max always; the others interpolated, which is
 # close to exact where the curve is nearly straight, as measured on llama.cpp here). 7 and 8
 # both: llama.cpp's curve here steps between them (3.88 and 6.16 times a 1-row pass), and
-# interpolating 7 from 6 and 8 charged 7-row passes 5.26
-CURVE_NS = (2, 3, 4, 6, 7, 8, 12, 16)
+# interpolating 7 from 6 and 8 charged 7-row passes 5.26. Past 16 both sides of the 16-row
+# boundaries, as PROFILE_NS (fewer: each is timed at every probe context)
+CURVE_NS = (2, 3, 4, 6, 7, 8, 12, 16, 17, 24, 32, 33, 48, 49, 64)
 
 
 def _timed_pass(
@@ -266,6 +271,19 @@ def curve_from_ratios(ratios: dict[int, list[float]], n_max: int) -> list[float]
     if n_max not in med:  # nothing timed (every pass took no time on a coarse clock)
         med[n_max] = float(n_max)
     return [interpolated(med, n) for n in range(1, n_max + 1)]
+
+
+def extended(costs: Costs, longer: Costs) -> Costs:
+    """``costs`` whose verify curve stops short (a profile measured for drafts of up to 16)
+    continued to the length of ``longer``'s with its shape: verify(n) = costs' last pass times
+    longer's verify(n) / verify(last), for n past costs' curve; ``costs`` itself when its
+    curve is as long."""
+    short, long_ = costs.verify_s, longer.verify_s
+    n = len(short)
+    if n >= len(long_):
+        return costs
+    scale = short[-1] / long_[n - 1]
+    return replace(costs, verify_s=(*short, *(v * scale for v in long_[n:])))
 
 
 def with_curve_shape(costs: Costs, shape: Sequence[float]) -> Costs:

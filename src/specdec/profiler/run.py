@@ -263,7 +263,9 @@ def _measure(
         # the first backend's prefill and verify curve are measured on the probe prompts
         # themselves, below: here a rough curve (one pass at each end) stands in until then
         costs[backend] = (
-            target_costs(lm) if costs else target_costs(lm, prefill=False, repeats=1, ns=(1,))
+            target_costs(lm, n_max=n_pass)
+            if costs
+            else target_costs(lm, n_max=n_pass, prefill=False, repeats=1, ns=(1,))
         )
     first = targets[spec.target_backends[0]]  # never skipped: nothing was measured before it
     ids = [encode_prompt(first, p, chat=spec.chat and _has_chat(first)) for p in prompts]

@@ -1,11 +1,14 @@
 """The target's measured costs on this machine, measured once and cached: what the
 cost-aware suffix drafter (``drafters.planned``) needs when no full profile exists.
 
-A full ``specdec profile`` takes minutes; these few passes (the verify curve up to
-``N_MAX`` tokens, the prefill throughput and the loop's overheads) take about 15-20 s for
-the 1.5B Q4_K_M on llama.cpp on a 2-core CPU. They are cached per machine, package versions,
-model file (SHA-256) and backend settings like a profile, so a later run never re-measures
-and a changed model never reuses stale numbers.
+A full ``specdec profile`` takes minutes; these passes (the verify curve up to ``N_MAX``
+tokens, the prefill throughput and the loop's overheads) take about 30-40 s for the 1.5B
+Q4_K_M on llama.cpp on a 2-core CPU, most of it the passes of 17 to 65 rows. They are cached
+per machine, package versions, model file (SHA-256) and backend settings like a profile, so
+a later run never re-measures and a changed model never reuses stale numbers. The key holds
+the passes measured (``N_MAX``, the sizes timed) and ``FORMAT``: a cache written for shorter
+passes (17 rows, before drafts of 64) has another key and is measured again, never read as a
+curve it does not hold; an entry whose curve is shorter than ``N_MAX`` is measured again too.
 """
 
 from __future__ import annotations
@@ -18,14 +21,16 @@ from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig
 from specdec.pairs import CostProvider, is_planned
 from specdec.profiler import cache
-from specdec.profiler.measure import PROFILE_NS, target_costs
+from specdec.profiler.measure import PROFILE_NS, extended, target_costs
 from specdec.theory import Costs
 
 # verify passes up to this many tokens: every pass a planned or predicted draft makes (a draft
-# is capped at PLANNED_K = 16, so a pass has at most 17 rows); longer ones are extrapolated
-N_MAX = 17
+# is capped at PLANNED_K = 64, so a pass has at most 65 rows); a draft never needs a longer
+# pass than the curve holds (``drafters.planned.best_plan``)
+N_MAX = 65
 # medians of 5 passes per n: with 2, one slow pass skewed a cached curve (verify(2) at 1.97x)
 REPEATS = 5
+FORMAT = 2  # of the cached entry: 2 = curves to N_MAX rows measured at PROFILE_NS
 
 Log = Callable[[str], None]
 
@@ -40,6 +45,7 @@ def costs_key(cfg: ModelConfig) -> str:
         "n_max": N_MAX,
         "repeats": REPEATS,
         "ns": list(PROFILE_NS),
+        "format": FORMAT,
     }
     if cfg.exact:  # other kernels, other costs (absent otherwise, so older keys still hold)
         settings["exact"] = True
@@ -52,11 +58,9 @@ def cached_target_costs(
     """The target's costs from the cache, or measured now (and cached)."""
     key = costs_key(cfg)
     if not refresh:
-        hit = cache.load_cached(key)
-        if hit is not None and isinstance(hit.get("costs"), dict):
-            c = dict(hit["costs"])
-            c["verify_s"] = tuple(c["verify_s"])
-            return Costs(**c)
+        hit = cached_costs(cache.load_cached(key))
+        if hit is not None:
+            return hit
     log(
         f"measuring the target's verify cost on this machine once (passes of 1..{N_MAX} "
         "tokens; cached)"
@@ -66,14 +70,35 @@ def cached_target_costs(
     return costs
 
 
+def cached_costs(entry: dict[str, Any] | None) -> Costs | None:
+    """The costs of a cache entry, or None where it holds none or a curve shorter than
+    ``N_MAX`` passes (then they are measured again)."""
+    if entry is None or not isinstance(entry.get("costs"), dict):
+        return None
+    c = dict(entry["costs"])
+    verify = c.get("verify_s")
+    if not isinstance(verify, list) or len(verify) < N_MAX:
+        return None
+    c["verify_s"] = tuple(float(v) for v in verify)
+    try:
+        return Costs(**c)
+    except TypeError:  # fields of another version
+        return None
+
+
 def cost_provider(
     draft: str | None, profiled: Costs | None, *, exact: bool, log: Log = lambda _: None
 ) -> CostProvider | None:
     """Where a planned drafter (``draft``) gets the target's costs: the profile's
     (``profiled``) when it measured them and timed these numerics, else measured once on this
-    machine and cached (``log`` hears when they are measured); None for any other drafter."""
+    machine and cached (``log`` hears when they are measured); None for any other drafter. A
+    profile whose curve stops short of ``N_MAX`` passes (one cached before drafts of 64) is
+    extended with the shape of the cached measurement (``measure.extended``), never
+    extrapolated."""
     if not is_planned(draft):
         return None
     if profiled is not None and not exact:
-        return lambda _cfg, _target: profiled
+        if len(profiled.verify_s) >= N_MAX:
+            return lambda _cfg, _target: profiled
+        return lambda cfg, target: extended(profiled, cached_target_costs(cfg, target, log=log))
     return lambda cfg, target: cached_target_costs(cfg, target, log=log)

@@ -99,7 +99,7 @@ class _State:
     def completion_ids(self, req: CompletionRequest) -> list[int]:
         """A prompt's ids; tokenizer calls one request at a time (a transformers tokenizer may
         reconfigure itself inside a call; decoding on the worker thread only reads it)."""
-        return text_prompt(self.pair, req, self.tokenize_lock)
+        return text_prompt(self.pair, req, self.tokenize_lock, self.config.settings.parse_special)
 
     def chat_ids(self, req: ChatRequest) -> list[int]:
         """The messages' ids: the template renders outside the lock (in a worker process),
@@ -109,7 +109,8 @@ class _State:
 
     def prediction_ids(self, req: GenerationFields) -> list[int]:
         """The request's prediction as ids ([] without one), tokenized under the lock."""
-        return prediction_ids(self.pair, req, self.tokenize_lock)
+        special = self.config.settings.parse_special
+        return prediction_ids(self.pair, req, self.tokenize_lock, special)
 
 
 def _reset_caches(pair: Pair) -> None:

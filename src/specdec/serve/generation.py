@@ -23,7 +23,7 @@ from specdec.decoding import GenerationResult, validate_request
 from specdec.errors import SpecdecError
 from specdec.jsonable import finite
 from specdec.pairs import pair_context_limit
-from specdec.prompting import check_text
+from specdec.prompting import check_text, encode_text
 from specdec.serve.engine import Job
 from specdec.serve.errors import FieldError
 from specdec.serve.schemas import ChatRequest, CompletionRequest, GenerationFields
@@ -37,7 +37,7 @@ class ServeSettings:
     k: int | None = 6  # None: the pair's own choice (the profile's policy of an --auto pair)
     adaptive: bool = False
     default_max_tokens: int = 512
-    parse_special: bool = False  # special-token text inside messages is text unless set
+    parse_special: bool = False  # special-token text in prompts, messages, predictions: text
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,14 @@ def chat_prompt(
     return ids
 
 
-def text_prompt(pair: Pair, req: CompletionRequest, lock: AbstractContextManager[Any]) -> list[int]:
-    """The prompt's token ids (text through the tokenizer, special tokens parsed: a raw
-    prompt is the whole prompt; or ids checked to be in range)."""
+def text_prompt(
+    pair: Pair,
+    req: CompletionRequest,
+    lock: AbstractContextManager[Any],
+    parse_special: bool = False,
+) -> list[int]:
+    """The prompt's token ids (text through the tokenizer, special-token text in it kept as
+    text unless ``parse_special``, as in messages; or ids checked to be in range)."""
     prompt = req.prompt
     if isinstance(prompt, str):
         try:
@@ -102,7 +107,9 @@ def text_prompt(pair: Pair, req: CompletionRequest, lock: AbstractContextManager
         except SpecdecError as e:
             raise FieldError("prompt", str(e)) from e
         with lock:
-            return pair.target.tokenizer.encode(prompt, add_special_tokens=True)
+            return encode_text(
+                pair.target, prompt, add_special_tokens=True, parse_special=parse_special
+            )
     vocab = pair.target.vocab_size
     bad = next((t for t in prompt if not 0 <= int(t) < vocab), None)
     if bad is not None:
@@ -111,10 +118,13 @@ def text_prompt(pair: Pair, req: CompletionRequest, lock: AbstractContextManager
 
 
 def prediction_ids(
-    pair: Pair, req: GenerationFields, lock: AbstractContextManager[Any]
+    pair: Pair,
+    req: GenerationFields,
+    lock: AbstractContextManager[Any],
+    parse_special: bool = False,
 ) -> list[int]:
-    """The request's prediction as token ids (its text is text: tokenized without the
-    template's special tokens); [] without one. Text that is not UTF-8 is a 400."""
+    """The request's prediction as token ids (its text is text, special-token text included,
+    unless ``parse_special``); [] without one. Text that is not UTF-8 is a 400."""
     if req.prediction is None:
         return []
     text = req.prediction.text()
@@ -123,7 +133,7 @@ def prediction_ids(
     except SpecdecError as e:
         raise FieldError("prediction", str(e)) from e
     with lock:
-        return pair.target.tokenizer.encode(text, add_special_tokens=False)
+        return encode_text(pair.target, text, add_special_tokens=False, parse_special=parse_special)
 
 
 def plan(
@@ -144,8 +154,11 @@ def plan(
         raise FieldError(param, str(e)) from e
     room = n_ctx - len(prompt_ids)  # more than fits is cut at the window ("length")
     k = req.k_override()
-    # a prediction sizes its own drafts (Pair.stream caps them at 16)
-    k_default = None if k is None and req.prediction is not None else settings.k
+    # a server without a drafter (--draft none, -k 0) decodes every request plainly: a
+    # prediction is checked and counted (0 accepted, 0 rejected), never drafted
+    drafted = prediction if req.prediction is not None and pair.draft is not None else None
+    # a prediction sizes its own drafts (Pair.stream caps them at PLANNED_K)
+    k_default = None if k is None and drafted is not None else settings.k
     return GenerationParams(
         prompt_ids=prompt_ids,
         max_new_tokens=min(wanted or settings.default_max_tokens, room),
@@ -155,7 +168,7 @@ def plan(
         top_p=req.top_p,
         seed=req.seed if req.seed is not None else secrets.randbits(63),
         stops=tuple(req.stop or ()),
-        prediction=prediction if req.prediction is not None else None,
+        prediction=drafted,
     )
 
 
