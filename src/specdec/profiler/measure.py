@@ -68,7 +68,8 @@ def round_overhead(target: CausalLM, n_tokens: int = 8) -> float:
     """Seconds per round that the loop spends outside the target pass and the row work
     (bookkeeping, between rounds too), from a short plain run after a warm-up one; the row
     work is measured separately (``row_overhead``)."""
-    ctx = profile_context(target, 64)
+    n_tokens = max(1, min(n_tokens, target.n_ctx // 4))
+    ctx = profile_context(target, min(64, target.n_ctx - n_tokens))  # fits a small window
     samples = []
     for _ in range(2):
         res = generate(target, None, ctx, max_new_tokens=n_tokens, k=0, reuse_prefix=False)

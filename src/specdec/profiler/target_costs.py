@@ -61,13 +61,25 @@ def cached_target_costs(
         hit = cached_costs(cache.load_cached(key))
         if hit is not None:
             return hit
+    n_max, context = fitted_passes(target.n_ctx)
     log(
-        f"measuring the target's verify cost on this machine once (passes of 1..{N_MAX} "
-        "tokens; cached)"
+        f"measuring the target's verify cost on this machine once (passes of 1..{n_max} "
+        f"tokens{'; cached' if n_max == N_MAX else ''})"
     )
-    costs = target_costs(target, n_max=N_MAX, repeats=REPEATS)
-    cache.save(key, {"costs": asdict(costs), "model": cfg.model})
+    costs = target_costs(target, n_max=n_max, context_tokens=context, repeats=REPEATS)
+    if n_max == N_MAX:  # a window too small for the full curve: measured for this load only
+        cache.save(key, {"costs": asdict(costs), "model": cfg.model})
     return costs
+
+
+def fitted_passes(n_ctx: int, context_tokens: int = 100) -> tuple[int, int]:
+    """(longest pass, context) of the cost measurement in a window of ``n_ctx`` positions:
+    passes to ``N_MAX`` after up to ``context_tokens`` of context where they fit, else half
+    the window after the rest (a draft is never longer than the curve it is sized by)."""
+    if n_ctx > N_MAX + 1:
+        return N_MAX, min(context_tokens, n_ctx - N_MAX - 1)
+    n_max = max(1, n_ctx // 2)
+    return n_max, max(1, n_ctx - n_max - 1)
 
 
 def cached_costs(entry: dict[str, Any] | None) -> Costs | None:
