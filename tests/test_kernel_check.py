@@ -67,6 +67,32 @@ def test_row_tv_is_zero_for_equal_rows_and_near_one_for_unrelated_ones() -> None
     assert row_tv(a, b) == float("inf")
 
 
+def test_the_placement_probe_sizes_its_buffer_as_the_buffer_type_asks() -> None:
+    """On a build with AMX, AMX's layout of a weight is larger than ggml_nbytes, and a buffer
+    of ggml_nbytes fails ggml's bounds assertion in ggml_backend_tensor_alloc: the process
+    aborted (SIGABRT) while the kernel check asked which type takes a tensor, so every
+    avoid-one child died and both AMX and CPU_REPACK were turned off (found on an Intel Xeon
+    with AMX, native build). The buffer must be the type's own alloc size."""
+    from specdec.models.ggml_bufts import Ggml
+
+    sizes: list[int] = []
+    g = Ggml.__new__(Ggml)
+    g.init = lambda params: 1
+    g.free = lambda ctx: None
+    g.overhead = lambda: 368
+    g.new_2d = lambda ctx, t, ne0, ne1: 10 + ne1
+    g.mul_mat = lambda ctx, a, b: 99
+    g.alloc_size = lambda buft, tensor: 4096  # AMX's padded layout: more than the bytes
+    g.alloc_buffer = lambda buft, size: sizes.append(size) or 7
+    g.buffer_base = lambda buffer: 1 << 20
+    g.tensor_alloc = lambda buffer, tensor, addr: 0
+    g.buffer_free = lambda buffer: None
+    g.supports_op = lambda dev, op: True
+    g.cpu = 3
+    assert g.supports_mul_mat(5, 12, 896, 896) is True
+    assert sizes == [4096]
+
+
 def test_the_notice_names_what_is_off_and_what_is_kept() -> None:
     from specdec.models.kernel_check import Trial
 

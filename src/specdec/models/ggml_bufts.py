@@ -125,8 +125,8 @@ class Ggml:
             "ggml_new_tensor_2d", vp, [vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
         )
         self.mul_mat = self._fn("ggml_mul_mat", vp, [vp, vp, vp])
-        self.nbytes = self._fn("ggml_nbytes", sz, [vp])
         self.alloc_buffer = self._fn("ggml_backend_buft_alloc_buffer", vp, [vp, sz])
+        self.alloc_size = self._fn("ggml_backend_buft_get_alloc_size", sz, [vp, vp])
         self.buffer_base = self._fn("ggml_backend_buffer_get_base", vp, [vp])
         self.buffer_type = self._fn("ggml_backend_buffer_get_type", vp, [vp])
         self.buffer_free = self._fn("ggml_backend_buffer_free", None, [vp])
@@ -183,7 +183,9 @@ class Ggml:
         """Whether ``buft`` takes a [ne1 rows x ne0] weight of ``ggml_type`` for a matrix
         product, as llama.cpp's loader asks (``weight_buft_supported``): a weight of the same
         type, row length and row count modulo 64 (the kernels' interleave constraints), in a
-        buffer of that type, times a 512-column F32 activation."""
+        buffer of that type, times a 512-column F32 activation. The buffer holds what the type
+        asks for the weight (AMX's layout is larger than ``ggml_nbytes``: a buffer of that size
+        fails ggml's bounds assertion and aborts the process)."""
         ctx = self.init(_InitParams(self.overhead() * 8, None, True))
         if not ctx:
             raise ModelLoadError("ggml could not make a context")
@@ -191,7 +193,7 @@ class Ggml:
             weight = self.new_2d(ctx, ggml_type, ne0, 64 + ne1 % 64)
             act = self.new_2d(ctx, _F32, ne0, 512)
             op = self.mul_mat(ctx, weight, act)
-            buffer = self.alloc_buffer(buft, self.nbytes(weight))
+            buffer = self.alloc_buffer(buft, self.alloc_size(buft, weight))
             if not buffer:
                 return False
             try:
