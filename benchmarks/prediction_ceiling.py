@@ -274,7 +274,6 @@ def main() -> int:
     from specdec.drafters.prediction import PredictionDrafter
     from specdec.drafters.suffix import SuffixDrafter
     from specdec.hub import resolve
-    from specdec.machine import machine_info, machine_line
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.models.loader import ModelConfig
     from specdec.pairs import release
@@ -283,6 +282,7 @@ def main() -> int:
     from specdec.prompt_sets import load_named_set
     from specdec.prompting import encode_prompt, encode_text
     from specdec.theory import Costs
+    from specdec.util.machine import machine_info, machine_line
 
     def log(m: str) -> None:
         print(f"[bench] {m}", file=sys.stderr, flush=True)

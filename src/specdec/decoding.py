@@ -33,7 +33,7 @@ from specdec.models.base import CausalLM, cached_prefix_len, extend_last
 from specdec.models.vocab import check_vocab_sizes
 from specdec.policy import FixedK, KPolicy, RoundObservation
 from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
-from specdec.timing import Stopwatch, delta
+from specdec.util.timing import Stopwatch, delta
 from specdec.verifiers import (
     Verifier,
     greedy_verify,

@@ -7,7 +7,6 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from specdec.bounds import MAX_LIST, check_n_ctx, check_seed, check_threads
 from specdec.configuration import MACHINE_DEFAULT
 from specdec.errors import ConfigError
 from specdec.models.loader import BACKENDS, DEVICES, DTYPES, ModelConfig
@@ -20,8 +19,9 @@ from specdec.pairs import (
     DraftRef,
     model_refs,
 )
-from specdec.printable import printable
 from specdec.sampling import SamplingConfig
+from specdec.util.bounds import MAX_LIST, check_n_ctx, check_seed, check_threads
+from specdec.util.printable import printable
 
 if TYPE_CHECKING:
     from specdec.api import Pair
@@ -167,7 +167,7 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
 
 
 def check_common(args: argparse.Namespace) -> None:
-    """Bounds of the shared numeric flags, before anything is loaded (specdec.bounds: the
+    """Bounds of the shared numeric flags, before anything is loaded (specdec.util.bounds: the
     same rules for every subcommand; a subcommand's default of None is not checked), and
     flags given both ways (``check_contradictions``)."""
     check_contradictions(args)

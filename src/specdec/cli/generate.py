@@ -21,7 +21,7 @@ from specdec.cli.common import (
 )
 from specdec.cli.inputs import read_inputs
 from specdec.errors import ConfigError
-from specdec.jsonable import json_ready
+from specdec.util.jsonable import json_ready
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,7 +1,7 @@
 """What ``specdec generate`` is asked, read and checked before anything is loaded: the prompt
 (an argument, ``-p`` or standard input), earlier chat turns (``--messages``), the expected
 output (``--prediction``) and the decoding options (``api.check_request``'s checks). Files
-and standard input are read with a size bound (``specdec.textfiles``): an endless pipe or a
+and standard input are read with a size bound (``specdec.util.textfiles``): an endless pipe or a
 device is an error, not a hang."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from specdec.errors import ConfigError
 from specdec.prompting import Message, check_text, read_messages
-from specdec.textfiles import read_text
+from specdec.util.textfiles import read_text
 
 MAX_TEXT_FILE = 16 << 20  # bytes of a prompt or prediction read at most
 

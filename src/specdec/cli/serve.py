@@ -15,10 +15,10 @@ from specdec.cli.common import (
     load_from_args,
     quiet_libraries,
 )
-from specdec.credentials import API_KEY_ENV, read_api_key
 from specdec.errors import ConfigError
 from specdec.pairs import DEFAULT_K, release
-from specdec.printable import printable
+from specdec.util.credentials import API_KEY_ENV, read_api_key
+from specdec.util.printable import printable
 
 
 def register(sub: argparse._SubParsersAction) -> None:

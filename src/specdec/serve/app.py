@@ -30,7 +30,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from specdec.api import Completion, Pair
-from specdec.credentials import check_api_key
 from specdec.decoding import GenerationResult
 from specdec.errors import SpecdecError
 from specdec.models.base import CausalLM
@@ -67,6 +66,7 @@ from specdec.serve.schemas import (
     Timings,
     Usage,
 )
+from specdec.util.credentials import check_api_key
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there

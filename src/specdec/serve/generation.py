@@ -21,12 +21,12 @@ from typing import Any
 from specdec.api import Completion, Pair
 from specdec.decoding import GenerationResult, validate_request
 from specdec.errors import SpecdecError
-from specdec.jsonable import finite
 from specdec.pairs import pair_context_limit
 from specdec.prompting import check_text, encode_text
 from specdec.serve.engine import Job
 from specdec.serve.errors import FieldError
 from specdec.serve.schemas import ChatRequest, CompletionRequest, GenerationFields
+from specdec.util.jsonable import finite
 
 
 @dataclass(frozen=True)
