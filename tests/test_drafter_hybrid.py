@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from seq_dist import first_tokens_pvalue
-from specdec.decoding import GenerationResult, generate, generate_stream
+from specdec.core.loop import GenerationResult, generate, generate_stream
+from specdec.core.model_drafter import ModelDrafter
+from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.drafters.hybrid import HybridDrafter
-from specdec.drafters.model import ModelDrafter
 from specdec.drafters.suffix import SuffixDrafter, SuffixOptions
 from specdec.errors import ConfigError
 from specdec.models.mock import MockLM, MockSpec, mock_pair
-from specdec.sampling import GREEDY, SamplingConfig
 
 
 def hybrid(

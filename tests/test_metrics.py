@@ -8,7 +8,7 @@ import math
 import pytest
 
 from specdec.cli import main
-from specdec.decoding import GenerationResult, RoundStats
+from specdec.core.loop import GenerationResult, RoundStats
 
 
 def result(rounds: list[tuple[int, int, int]], finish: str = "length") -> GenerationResult:

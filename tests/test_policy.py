@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.decoding import generate
+from specdec.core.loop import generate
+from specdec.core.policy import AdaptiveK, FixedK, RoundObservation
 from specdec.errors import ConfigError
 from specdec.models.mock import mock_pair
-from specdec.policy import AdaptiveK, FixedK, RoundObservation
 from specdec.theory import (
     best_k,
     draft_model_ceiling,

@@ -547,7 +547,7 @@ def test_serve_auto_loads_the_profile_choice_and_leaves_k_to_it(
 
     import specdec.api
     from specdec.cli import main
-    from specdec.policy import FixedK
+    from specdec.core.policy import FixedK
 
     class Choice:
         label, reason = "plain on mock", "nothing beats it"

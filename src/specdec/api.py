@@ -6,7 +6,7 @@
     for piece in pair.stream("Explain RAII", system="Be brief.", temperature=0.7, seed=1):
         print(piece, end="", flush=True)
 
-Everything here is a thin layer over ``specdec.pairs`` (loading) and ``specdec.decoding``
+Everything here is a thin layer over ``specdec.pairs`` (loading) and ``specdec.core.loop``
 (the loop); the lower layers stay available for token-level work.
 """
 
@@ -18,15 +18,18 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from specdec.configuration import MACHINE_DEFAULT, Configuration, measured_costs, resolve
-from specdec.decoding import (
+from specdec.core.detokenize import IncrementalDecoder
+from specdec.core.drafter import Drafter
+from specdec.core.loop import (
     Generation,
     GenerationResult,
     RoundEvent,
     as_drafter,
     generate_stream,
 )
-from specdec.detokenize import IncrementalDecoder
-from specdec.drafters.base import Drafter
+from specdec.core.policy import FixedK, KPolicy, capped_adaptive_k
+from specdec.core.sampling import SamplingConfig
+from specdec.core.stops import StopMatcher, check_stops
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.errors import ConfigError
@@ -39,10 +42,7 @@ from specdec.pairs import (
     PLANNED_K,
     load_pair,
 )
-from specdec.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.prompting import Message, check_text, encode_request, encode_text
-from specdec.sampling import SamplingConfig
-from specdec.stops import StopMatcher, check_stops
 from specdec.theory import Costs
 
 if TYPE_CHECKING:

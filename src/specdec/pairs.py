@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specdec.decoding import context_limit
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import context_limit
+from specdec.core.model_drafter import ModelDrafter, check_window
 from specdec.drafters.hybrid import HybridDrafter
-from specdec.drafters.model import ModelDrafter, check_window
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter, planned_suffix
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec.bench.configs import BenchConfig, default_matrix, quick_matrix
+from specdec.core.sampling import SamplingConfig
 from specdec.errors import ConfigError
 from specdec.prompt_sets import SPEC_BENCH_CATEGORIES, Prompt
-from specdec.sampling import SamplingConfig
 from specdec.util.bounds import check_range, check_seed
 
 MODES: dict[str, SamplingConfig] = {

@@ -31,10 +31,10 @@ from specdec.bench.configs import BenchConfig
 from specdec.bench.plan import MODES, BenchPlan, Measurement, config_ks, measurements
 from specdec.bench.profile import profile_config
 from specdec.bench.results import SCHEMA_VERSION, Results, ResultsWriter, open_for_append
-from specdec.decoding import GenerationResult, as_drafter, generate
+from specdec.core.drafter import Drafter
+from specdec.core.loop import GenerationResult, as_drafter, generate
+from specdec.core.model_drafter import ModelDrafter
 from specdec.drafters import NgramDrafter
-from specdec.drafters.base import Drafter
-from specdec.drafters.model import ModelDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.drafters.suffix import SuffixDrafter

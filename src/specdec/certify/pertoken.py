@@ -31,11 +31,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specdec.decoding import RoundStats, generate
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import RoundStats, generate
+from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.models.base import CausalLM, extend_last
 from specdec.models.wrapped import WrappedLM
-from specdec.sampling import SamplingConfig, logits_to_probs
 
 from .stats.pit import draw_v, pit_in_chunks
 

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from specdec.configuration import MACHINE_DEFAULT
+from specdec.core.sampling import SamplingConfig
 from specdec.errors import ConfigError
 from specdec.models.loader import BACKENDS, DEVICES, DTYPES, ModelConfig
 from specdec.pairs import (
@@ -19,7 +20,6 @@ from specdec.pairs import (
     DraftRef,
     model_refs,
 )
-from specdec.sampling import SamplingConfig
 from specdec.util.bounds import MAX_LIST, check_n_ctx, check_seed, check_threads
 from specdec.util.printable import printable
 

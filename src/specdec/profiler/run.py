@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from specdec.decoding import generate
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import generate
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError

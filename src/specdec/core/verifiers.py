@@ -29,8 +29,8 @@ from typing import Protocol
 
 import torch
 
-from specdec.rejection import accept_reject
-from specdec.sampling import sample
+from specdec.core.rejection import accept_reject
+from specdec.core.sampling import sample
 
 
 class Verifier(Protocol):

@@ -1,7 +1,7 @@
 """The decoding loop: prefill, then rounds of draft K, verify K + 1 in one target pass,
 accept/reject, roll back. K = 0 (or no drafter) is plain target-only decoding through the
 same code. ``speculative_round`` is the one implementation of a round; what decides which
-tokens are kept is a pluggable ``Verifier`` (``specdec.verifiers``): the lossless
+tokens are kept is a pluggable ``Verifier`` (``specdec.core.verifiers``): the lossless
 accept/reject walk for generation, exact matching for the certificate's shape-matched
 baseline.
 
@@ -26,20 +26,20 @@ from typing import Any, ParamSpec
 import numpy as np
 import torch
 
-from specdec.drafters.base import Draft, Drafter
-from specdec.drafters.model import ModelDrafter
-from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError
-from specdec.models.base import CausalLM, cached_prefix_len, extend_last
-from specdec.models.vocab import check_vocab_sizes
-from specdec.policy import FixedK, KPolicy, RoundObservation
-from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
-from specdec.util.timing import Stopwatch, delta
-from specdec.verifiers import (
+from specdec.core.drafter import Draft, Drafter
+from specdec.core.model_drafter import ModelDrafter
+from specdec.core.policy import FixedK, KPolicy, RoundObservation
+from specdec.core.sampling import SamplingConfig, logits_to_probs, make_generator
+from specdec.core.verifiers import (
     Verifier,
     greedy_verify,
     keeps_argmax_when_greedy,
     rejection_verifier,
 )
+from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError
+from specdec.models.base import CausalLM, cached_prefix_len, extend_last
+from specdec.models.vocab import check_vocab_sizes
+from specdec.util.timing import Stopwatch, delta
 
 
 @dataclass
@@ -561,7 +561,7 @@ def generate_stream(
     stop_on_eos:    stop after an end-of-sequence token (it is included in the output).
     reuse_prefix:   keep cache entries that the prompt shares with what the models already
                     hold (backends that report ``cached_tokens``); False prefills from scratch.
-    verifier:       which drafts are kept (``specdec.verifiers``; default: the lossless
+    verifier:       which drafts are kept (``specdec.core.verifiers``; default: the lossless
                     accept/reject walk).
     draft_seed:     seed of a separate generator for the drafter (None: the drafter shares
                     the verifier's generator, one stream per generation).
