@@ -11,7 +11,8 @@ import torch
 from scipy import stats
 
 from specdec.core.drafter import Drafter
-from specdec.core.loop import GenerationResult, generate
+from specdec.core.loop import generate
+from specdec.core.result import GenerationResult
 from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.models.mock import MockLM
 

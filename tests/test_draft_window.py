@@ -24,8 +24,9 @@ from specdec.bench.plan import BenchPlan
 from specdec.bench.results import read_results
 from specdec.bench.runner import run_bench
 from specdec.cli import main
-from specdec.core.loop import GenerationResult, context_limit, generate, generate_stream
+from specdec.core.loop import context_limit, generate, generate_stream
 from specdec.core.model_drafter import ModelDrafter
+from specdec.core.result import GenerationResult
 from specdec.core.sampling import GREEDY, SamplingConfig, make_generator
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.suffix import SuffixDrafter, SuffixOptions

@@ -17,7 +17,8 @@ import torch
 
 from seq_dist import first_tokens_pvalue
 from specdec.core.drafter import Draft
-from specdec.core.loop import GenerationResult, generate
+from specdec.core.loop import generate
+from specdec.core.result import GenerationResult
 from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.drafters.prediction import (
     SOURCE,

@@ -25,7 +25,8 @@ from specdec.errors import (
 
 if TYPE_CHECKING:
     from specdec.api import Comparison, Completion, Pair, TextStream, load
-    from specdec.core.loop import GenerationResult, generate, generate_stream
+    from specdec.core.loop import generate, generate_stream
+    from specdec.core.result import GenerationResult
     from specdec.core.sampling import SamplingConfig
 
 __version__ = "0.1.0"
@@ -39,7 +40,7 @@ _LAZY: Mapping[str, str] = MappingProxyType(
         "TextStream": "specdec.api",
         "generate": "specdec.core.loop",
         "generate_stream": "specdec.core.loop",
-        "GenerationResult": "specdec.core.loop",
+        "GenerationResult": "specdec.core.result",
         "SamplingConfig": "specdec.core.sampling",
     }
 )

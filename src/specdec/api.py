@@ -6,7 +6,7 @@
     for piece in pair.stream("Explain RAII", system="Be brief.", temperature=0.7, seed=1):
         print(piece, end="", flush=True)
 
-Everything here is a thin layer over ``specdec.pairs`` (loading) and ``specdec.core.loop``
+Everything here is a thin layer over ``specdec.pairs`` (loading) and ``specdec.core``
 (the loop); the lower layers stay available for token-level work.
 """
 
@@ -20,14 +20,9 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 from specdec.configuration import MACHINE_DEFAULT, Configuration, measured_costs, resolve
 from specdec.core.detokenize import IncrementalDecoder
 from specdec.core.drafter import Drafter
-from specdec.core.loop import (
-    Generation,
-    GenerationResult,
-    RoundEvent,
-    as_drafter,
-    generate_stream,
-)
+from specdec.core.loop import Generation, as_drafter, generate_stream
 from specdec.core.policy import FixedK, KPolicy, capped_adaptive_k
+from specdec.core.result import GenerationResult, Round
 from specdec.core.sampling import SamplingConfig
 from specdec.core.stops import StopMatcher, check_stops
 from specdec.drafters.planned import PlannedSuffixDrafter
@@ -148,10 +143,10 @@ class Comparison:
 @dataclasses.dataclass
 class TextDelta:
     """The text one round added (possibly "": a character or a stop string is incomplete) and
-    the round's event (None for the text released when the generation ends)."""
+    the round (None for the text released when the generation ends)."""
 
     text: str
-    event: RoundEvent | None
+    round: Round | None
 
 
 class TextStream:
@@ -180,12 +175,12 @@ class TextStream:
                 yield delta.text
 
     def deltas(self) -> Iterator[TextDelta]:
-        for event in self.generation:
-            shown = [t for t in event.tokens if t not in self._hidden]
+        for rnd in self.generation:
+            shown = [t for t in rnd.tokens if t not in self._hidden]
             piece = self._shown(self._stops.push(self._decoder.push(shown)))
             if self._stops.stopped:
                 self.generation.stop("stop")  # no further round runs
-            yield TextDelta(piece, event)
+            yield TextDelta(piece, rnd)
         tail = "" if self._stops.stopped else self._stops.push(self._decoder.flush())
         tail = self._shown(tail + self._stops.flush())
         if tail:

@@ -32,8 +32,9 @@ from specdec.bench.plan import MODES, BenchPlan, Measurement, config_ks, measure
 from specdec.bench.profile import profile_config
 from specdec.bench.results import SCHEMA_VERSION, Results, ResultsWriter, open_for_append
 from specdec.core.drafter import Drafter
-from specdec.core.loop import GenerationResult, as_drafter, generate
+from specdec.core.loop import as_drafter, generate
 from specdec.core.model_drafter import ModelDrafter
+from specdec.core.result import GenerationResult
 from specdec.drafters import NgramDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter

@@ -40,7 +40,8 @@ import numpy as np
 import torch
 
 from specdec.core.drafter import Drafter
-from specdec.core.loop import GenerationResult, as_drafter, generate
+from specdec.core.loop import as_drafter, generate
+from specdec.core.result import GenerationResult
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.models.base import CausalLM

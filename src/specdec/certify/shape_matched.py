@@ -70,7 +70,7 @@ def shape_matched_stream(
         verifier=exact_match_verifier,
         draft_seed=derive_seed(seed, "shape-matched-draft"),
     )
-    return (ShapeRound(ev.stats.k, ev.stats.n_accepted, ev.tokens) for ev in run)
+    return (ShapeRound(r.k, r.n_accepted, r.tokens) for r in run)
 
 
 def shape_matched_generate(

@@ -1,18 +1,7 @@
-"""The decoding loop: prefill, then rounds of draft K, verify K + 1 in one target pass,
-accept/reject, roll back. K = 0 (or no drafter) is plain target-only decoding through the
-same code. ``speculative_round`` is the one implementation of a round; what decides which
-tokens are kept is a pluggable ``Verifier`` (``specdec.core.verifiers``): the lossless
-accept/reject walk for generation, exact matching for the certificate's shape-matched
-baseline.
-
-Cache invariant between rounds (L = len(context)):
-    target cache = context[:L-1]       (the last token is fed at the start of the next round)
-    draft cache  <= context            (the drafter syncs itself; see ModelDrafter; a
-                                        windowed one caches a prefix of context[offset:])
-A round feeds the target [context[-1], x_1..x_K] and gets K + 1 rows: row i is p_{i+1}, the
-target's distribution for the position of draft i + 1, row K the bonus distribution. After
-n acceptances the target cache is truncated to L + n, which is the new context minus its last
-(freshly sampled) token: the invariant holds again without ever re-prefilling.
+"""The decoding loop: prefill, then ``speculative_round`` (``core.round``) until the request
+is done (its length, an end-of-sequence token, the context window, or the caller's stop).
+``generate_stream`` checks the request and returns a ``Generation`` to iterate for one
+``Round`` per round (``core.result``); ``generate`` runs one to the end.
 """
 
 from __future__ import annotations
@@ -20,230 +9,20 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, ParamSpec
 
-import numpy as np
-import torch
-
-from specdec.core.drafter import Draft, Drafter
+from specdec.core.drafter import Drafter
 from specdec.core.model_drafter import ModelDrafter
-from specdec.core.policy import FixedK, KPolicy, RoundObservation
-from specdec.core.sampling import SamplingConfig, logits_to_probs, make_generator
-from specdec.core.verifiers import (
-    Verifier,
-    greedy_verify,
-    keeps_argmax_when_greedy,
-    rejection_verifier,
-)
+from specdec.core.policy import FixedK, KPolicy
+from specdec.core.result import GenerationResult, Round
+from specdec.core.round import speculative_round
+from specdec.core.sampling import SamplingConfig, make_generator
+from specdec.core.verifiers import Verifier, rejection_verifier
 from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError
 from specdec.models.base import CausalLM, cached_prefix_len, extend_last
 from specdec.models.vocab import check_vocab_sizes
-from specdec.util.timing import Stopwatch, delta
-
-
-@dataclass
-class RoundStats:
-    """What one round did. Times in seconds."""
-
-    k: int  # drafts proposed this round (after clamping); 0 = a plain step
-    n_accepted: int  # drafts accepted (0..k)
-    n_emitted: int  # tokens kept from this round (after EOS / length cut)
-    t_draft: float
-    t_verify: float
-    t_sampling: float
-    t_round: float
-    source: str | None = None  # where the drafts came from, when the drafter says (Draft.source)
-
-
-@dataclass
-class RoundEvent:
-    """Yielded once per round by ``generate_stream``."""
-
-    tokens: list[int]
-    stats: RoundStats
-
-
-@dataclass
-class GenerationResult:
-    prompt_ids: list[int]
-    tokens: list[int]
-    rounds: list[RoundStats]
-    finish_reason: str  # "length" | "eos" | "context" | "stop" (a stop string) | "cancelled"
-    t_prefill: float
-    t_total: float  # wall time of prefill plus all rounds
-    drafter: str = "none"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def n_rounds(self) -> int:
-        return len(self.rounds)
-
-    @property
-    def tokens_per_second(self) -> float:
-        t = self.t_total - self.t_prefill
-        return len(self.tokens) / t if t > 0 else float("nan")
-
-    @property
-    def ttft(self) -> float:
-        """Time to first token, seconds: prefill (target and draft) plus the first round, which
-        emits the first token(s). nan when no round ran."""
-        return self.t_prefill + self.rounds[0].t_round if self.rounds else float("nan")
-
-    @property
-    def e2e_tokens_per_second(self) -> float:
-        """Tokens per second of wall time including prefill (what a user waits for)."""
-        return len(self.tokens) / self.t_total if self.t_total > 0 else float("nan")
-
-    @property
-    def mean_tokens_per_round(self) -> float:
-        """Tokens kept per round, after the EOS / length cuts (``mean_acceptance_length`` is
-        the same figure before the cuts)."""
-        return len(self.tokens) / len(self.rounds) if self.rounds else float("nan")
-
-    @property
-    def mean_accepted_per_round(self) -> float:
-        return float(np.mean([r.n_accepted for r in self.rounds])) if self.rounds else 0.0
-
-    # -- the names other tools use (definitions: docs/metrics.md) ----------------------------
-    @property
-    def drafted_tokens(self) -> int:
-        """Draft tokens proposed, summed over rounds (llama.cpp ``draft_n``)."""
-        return sum(r.k for r in self.rounds)
-
-    @property
-    def accepted_tokens(self) -> int:
-        """Draft tokens the verifier kept, summed over rounds (llama.cpp ``draft_n_accepted``)."""
-        return sum(r.n_accepted for r in self.rounds)
-
-    @property
-    def draft_acceptance_rate(self) -> float:
-        """accepted_tokens / drafted_tokens (vLLM's per-drafted-token rate; nan undrafted)."""
-        drafted = self.drafted_tokens
-        return self.accepted_tokens / drafted if drafted else float("nan")
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens the rounds produced per verification round, the bonus/correction token
-        included: (accepted_tokens + rounds) / rounds, taken before the EOS / length / stop
-        cuts (1.0 for plain decoding; nan without rounds)."""
-        n = len(self.rounds)
-        return (self.accepted_tokens + n) / n if n else float("nan")
-
-    def accepted_length_histogram(self) -> list[int]:
-        """Rounds by drafts accepted: entry j counts the rounds that kept exactly j drafts
-        (j = 0..max K; a round then produced j + 1 tokens)."""
-        hist = [0] * (max((r.k for r in self.rounds), default=0) + 1)
-        for r in self.rounds:
-            hist[r.n_accepted] += 1
-        return hist
-
-    def draft_length_histogram(self) -> list[int]:
-        """Rounds by drafts proposed: entry j counts the rounds that verified exactly j drafts
-        (j = 0..max K; 0 is a plain step)."""
-        hist = [0] * (max((r.k for r in self.rounds), default=0) + 1)
-        for r in self.rounds:
-            hist[r.k] += 1
-        return hist
-
-    def acceptance_counts(self) -> tuple[list[int], list[int]]:
-        """(reached[i], accepted[i]) for draft position i = 1..max K (0-based lists)."""
-        kmax = max((r.k for r in self.rounds), default=0)
-        reached, accepted = [0] * kmax, [0] * kmax
-        for r in self.rounds:
-            for i in range(min(r.k, r.n_accepted + 1)):
-                reached[i] += 1
-                accepted[i] += int(i < r.n_accepted)
-        return reached, accepted
-
-    def acceptance_by_position(self) -> list[float]:
-        """P(accept draft i | drafts 1..i-1 accepted), i = 1..max K (nan when never reached)."""
-        reached, accepted = self.acceptance_counts()
-        return [a / n if n else float("nan") for a, n in zip(accepted, reached, strict=True)]
-
-    def prediction_tokens(self, source: str = "prediction") -> tuple[int, int]:
-        """(accepted, rejected) draft tokens of the rounds drafted from ``source`` (OpenAI's
-        ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``): accepted ones are in
-        the output; rejected ones were proposed and are not (a verifier rejection, or cut by
-        the end-of-sequence / length limit)."""
-        accepted = rejected = 0
-        for r in self.rounds:
-            if r.source == source:
-                kept = min(r.n_accepted, r.n_emitted)
-                accepted += kept
-                rejected += r.k - kept
-        return accepted, rejected
-
-    def time_split(self) -> dict[str, float]:
-        """Seconds in prefill / draft / verify / sampling / other (sums to t_total)."""
-        d = sum(r.t_draft for r in self.rounds)
-        v = sum(r.t_verify for r in self.rounds)
-        s = sum(r.t_sampling for r in self.rounds)
-        other = self.t_total - self.t_prefill - d - v - s
-        return {"prefill": self.t_prefill, "draft": d, "verify": v, "sampling": s, "other": other}
-
-    def summary(self, label: str = "") -> str:
-        """One line for people: tokens, time, TTFT, tok/s, rounds, acceptance by position,
-        the prediction's counts, the numerics and draft window when they apply, time split."""
-        split = self.time_split()
-        total = sum(split.values()) or 1.0
-        acc = " ".join("-" if a != a else f"{a:.2f}" for a in self.acceptance_by_position())
-        parts = [
-            f"{len(self.tokens)} tokens in {self.t_total:.2f} s",
-            f"TTFT {self.ttft:.2f} s ({len(self.prompt_ids)}-token prompt)",
-            f"{self.tokens_per_second:.2f} tok/s",
-            f"{self.n_rounds} rounds, {self.mean_tokens_per_round:.2f} tokens/round",
-        ]
-        if acc:
-            parts.append(f"acceptance by position {acc}")
-        if "prediction_tokens" in self.extra:
-            accepted, rejected = self.prediction_tokens()
-            parts.append(f"prediction {accepted} accepted / {rejected} rejected")
-        if self.extra.get("exact"):
-            parts.append("exact numerics")
-        if "draft_window" in self.extra:  # the draft's prefill (in TTFT) covers only the window
-            parts.append(
-                f"draft window {self.extra['draft_window']} ({self.extra['draft_rebases']} "
-                "re-bases)"
-            )
-        parts.append(" ".join(f"{k} {100 * v / total:.0f}%" for k, v in split.items()))
-        return f"[specdec{' ' + label if label else ''}] " + " | ".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        counts: dict[str, int] = {}
-        if "prediction_tokens" in self.extra:  # a prediction was given (drafters.prediction)
-            accepted, rejected = self.prediction_tokens()
-            counts = {
-                "accepted_prediction_tokens": accepted,
-                "rejected_prediction_tokens": rejected,
-            }
-        return {
-            "prompt_tokens": len(self.prompt_ids),
-            "tokens": self.tokens,
-            "n_tokens": len(self.tokens),
-            "finish_reason": self.finish_reason,
-            "drafter": self.drafter,
-            "rounds": len(self.rounds),
-            "tokens_per_second": self.tokens_per_second,
-            "e2e_tokens_per_second": self.e2e_tokens_per_second,
-            "mean_tokens_per_round": self.mean_tokens_per_round,
-            "mean_accepted_per_round": self.mean_accepted_per_round,
-            "acceptance_by_position": self.acceptance_by_position(),
-            "drafted_tokens": self.drafted_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "verification_rounds": len(self.rounds),
-            "draft_acceptance_rate": self.draft_acceptance_rate,
-            "mean_acceptance_length": self.mean_acceptance_length,
-            "accepted_length_histogram": self.accepted_length_histogram(),
-            "draft_length_histogram": self.draft_length_histogram(),
-            "time_split": self.time_split(),
-            "t_prefill": self.t_prefill,
-            "ttft": self.ttft,
-            "t_total": self.t_total,
-            "round_stats": [asdict(r) for r in self.rounds],
-            **self.extra,
-            **counts,
-        }
+from specdec.util.timing import Stopwatch
 
 
 def as_drafter(draft: CausalLM | Drafter | None, target: CausalLM) -> Drafter | None:
@@ -293,98 +72,6 @@ def validate_request(prompt_ids: Sequence[int], max_new_tokens: int, n_ctx: int)
         )
 
 
-def clamp_k(k: int, remaining: int, n_ctx: int, n_context: int) -> int:
-    """K for a round: never more drafts than tokens still wanted minus the correction/bonus
-    token, and never past the context window (the K + 1 verified positions must fit)."""
-    return max(0, min(k, remaining - 1, n_ctx - n_context - 1))
-
-
-@dataclass
-class RoundOutcome:
-    """What ``speculative_round`` did to the context."""
-
-    k: int  # drafts proposed (after clamping; a drafter may propose fewer than asked)
-    n_accepted: int  # drafts kept by the verifier (0..k)
-    tokens: list[int]  # tokens appended to the context (after the EOS / length cut)
-    eos: bool  # the round ended at an end-of-sequence token
-    source: str | None = None  # Draft.source
-
-
-def speculative_round(
-    target: CausalLM,
-    drafter: Drafter | None,
-    ctx: list[int],
-    *,
-    k: int,
-    remaining: int,
-    n_ctx: int,
-    sampling: SamplingConfig,
-    verifier: Verifier,
-    draft_generator: torch.Generator,
-    verify_generator: torch.Generator,
-    stopwatch: Stopwatch,
-    stop_on_eos: bool,
-) -> RoundOutcome:
-    """One round. Appends the kept tokens to ``ctx`` (the accepted context) in place.
-
-    Before and after: the target caches ctx[:-1] and the drafter a prefix of ctx.
-    """
-    # 1. How many drafts: the policy's K, clamped to the tokens wanted and the window.
-    k_r = clamp_k(k, remaining, n_ctx, len(ctx))
-    # 2. Draft (a drafter may propose fewer tokens than asked, or none).
-    draft = Draft([], None)
-    if drafter is not None and k_r > 0:
-        with stopwatch.section("draft"):  # the loop times the drafter, whatever it does
-            draft = drafter.propose(ctx, k_r, sampling, draft_generator)
-    k_r = len(draft)
-    assert target.n_cached == len(ctx) - 1, "target cache out of sync with the context"
-    # 3. Verify: ONE target pass over [last context token, x_1..x_K] -> K + 1 rows.
-    with stopwatch.section("verify"):
-        logits = target.extend([ctx[-1], *draft.tokens])  # [K+1, V]
-    # 4. Decide which drafts are kept and the token after them.
-    with stopwatch.section("sampling"):
-        if sampling.greedy and keeps_argmax_when_greedy(verifier):  # no rows needed
-            n_acc, nxt = greedy_verify(logits, draft.tokens)
-        else:
-            p = logits_to_probs(logits, sampling)  # [K+1, V]
-            drafts = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
-            n_acc, nxt = verifier(p, draft.probs, drafts, verify_generator)
-    # 5. Roll the target back past the rejected drafts (the new last token is not cached).
-    if n_acc < k_r:
-        with stopwatch.section("verify"):
-            target.truncate(len(ctx) + n_acc)
-    # 6. Cut at end-of-sequence and at the requested length.
-    emitted = [*draft.tokens[:n_acc], nxt]
-    eos = False
-    if stop_on_eos:
-        for j, t in enumerate(emitted):
-            if t in target.eos_token_ids:
-                emitted, eos = emitted[: j + 1], True
-                break
-    emitted = emitted[:remaining]
-    ctx.extend(emitted)
-    # 7. Roll the drafter back to the accepted context (it catches up next round).
-    if drafter is not None and n_acc < k_r:
-        with stopwatch.section("draft"):
-            drafter.rollback(ctx)
-    return RoundOutcome(k=k_r, n_accepted=n_acc, tokens=emitted, eos=eos, source=draft.source)
-
-
-def _round_stats(
-    outcome: RoundOutcome, before: dict[str, float], after: dict[str, float], t_round: float
-) -> RoundStats:
-    return RoundStats(
-        k=outcome.k,
-        n_accepted=outcome.n_accepted,
-        n_emitted=len(outcome.tokens),
-        t_draft=delta(after, before, "draft"),
-        t_verify=delta(after, before, "verify"),
-        t_sampling=delta(after, before, "sampling"),
-        t_round=t_round,
-        source=outcome.source,
-    )
-
-
 def _prefill(
     target: CausalLM, drafter: Drafter | None, ctx: Sequence[int], reuse_prefix: bool
 ) -> None:
@@ -417,13 +104,13 @@ def _run(
     verifier: Verifier,
     n_ctx: int,
     control: _Control,
-) -> Generator[RoundEvent, None, GenerationResult]:
+) -> Generator[Round, None, GenerationResult]:
     verify_gen = make_generator(seed)
     draft_gen = verify_gen if draft_seed is None else make_generator(draft_seed)
     sw = Stopwatch()
     ctx = list(prompt_ids)
     out: list[int] = []
-    rounds: list[RoundStats] = []
+    rounds: list[Round] = []
     finish = "length"
     t_start = time.perf_counter()
     with sw.section("prefill"):
@@ -434,13 +121,11 @@ def _run(
         if len(ctx) >= n_ctx:
             finish = "context"
             break
-        t0 = time.perf_counter()
-        before = sw.snapshot()
-        outcome = speculative_round(
+        rnd = speculative_round(
             target,
             drafter,
             ctx,
-            k=policy.next_k(),
+            policy=policy,
             remaining=max_new_tokens - len(out),
             n_ctx=n_ctx,
             sampling=sampling,
@@ -450,16 +135,11 @@ def _run(
             stopwatch=sw,
             stop_on_eos=stop_on_eos,
         )
-        stats = _round_stats(outcome, before, sw.snapshot(), time.perf_counter() - t0)
-        out.extend(outcome.tokens)
-        rounds.append(stats)
-        policy.observe(
-            RoundObservation(
-                stats.k, stats.n_accepted, stats.t_draft, stats.t_verify, stats.t_round
-            )
-        )
-        yield RoundEvent(outcome.tokens, stats)
-        if outcome.eos:
+        out.extend(rnd.tokens)
+        rounds.append(rnd)
+        policy.observe(rnd)
+        yield rnd
+        if rnd.eos:
             finish = "eos"
             break
 
@@ -485,24 +165,24 @@ class _Control:
 
 
 class Generation:
-    """A running generation: iterate it for one ``RoundEvent`` per round; ``result`` is the
+    """A running generation: iterate it for one ``Round`` per round; ``result`` is the
     ``GenerationResult`` once the iteration has ended (None while running, or when the
     caller closed it). ``run()`` drains it and returns the result; ``stop(reason)`` ends it
     after the round just seen (a stop string, a cancelled request) and returns the result."""
 
     def __init__(
         self,
-        rounds: Generator[RoundEvent, None, GenerationResult],
+        rounds: Generator[Round, None, GenerationResult],
         control: _Control | None = None,
     ) -> None:
         self._rounds = rounds
         self._control = control if control is not None else _Control()
         self.result: GenerationResult | None = None
 
-    def __iter__(self) -> Iterator[RoundEvent]:
+    def __iter__(self) -> Iterator[Round]:
         return self
 
-    def __next__(self) -> RoundEvent:
+    def __next__(self) -> Round:
         if self.result is not None:  # ended (stop() drains it from inside an iteration)
             raise StopIteration
         try:
@@ -547,7 +227,7 @@ def generate_stream(
     draft_seed: int | None = None,
 ) -> Generation:
     """Start generating up to ``max_new_tokens`` after ``prompt_ids``; iterate the returned
-    ``Generation`` for one ``RoundEvent`` per round, then read ``.result``.
+    ``Generation`` for one ``Round`` per round, then read ``.result``.
 
     target:         the model whose distribution the output has (a ``CausalLM``).
     draft:          a draft ``CausalLM`` (wrapped in a ``ModelDrafter``), any ``Drafter``

@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from specdec.api import Completion, Pair
-from specdec.core.loop import GenerationResult
+from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
 from specdec.models.base import CausalLM
 from specdec.serve.engine import Engine, Failed, Finished, Job, QueueFull, ShuttingDown

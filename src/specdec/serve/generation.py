@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.api import Completion, Pair
-from specdec.core.loop import GenerationResult, validate_request
+from specdec.core.loop import validate_request
+from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
 from specdec.pairs import pair_context_limit
 from specdec.prompting import check_text, encode_text
