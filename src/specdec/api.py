@@ -23,8 +23,7 @@ from specdec.core.drafter import Drafter
 from specdec.core.loop import Generation, as_drafter, generate_stream
 from specdec.core.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.core.result import GenerationResult, Round
-from specdec.core.sampling import SamplingConfig
-from specdec.core.stops import StopMatcher, check_stops
+from specdec.core.stops import StopMatcher
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.errors import ConfigError
@@ -35,9 +34,11 @@ from specdec.pairs import (
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
     PLANNED_K,
+    ModelOptions,
     load_pair,
 )
 from specdec.prompting import Message, check_text, encode_request, encode_text
+from specdec.request import GenerationRequest, make_request
 from specdec.theory import Costs
 
 if TYPE_CHECKING:
@@ -208,25 +209,6 @@ class TextStream:
         return self.completion
 
 
-def check_request(
-    *,
-    k: int | None,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    stop: str | Sequence[str] | None,
-) -> tuple[SamplingConfig, tuple[str, ...]]:
-    """The checks of a generation request's arguments (``Pair.stream``; the command line calls
-    it before loading anything): the sampling settings and the stop strings, or a
-    ``ConfigError`` naming the bad one."""
-    if k is not None and k < 0:
-        raise ConfigError(f"k must be >= 0, got {k}")
-    if max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    return SamplingConfig(temperature, top_k, top_p), tuple(check_stops(stop))
-
-
 _P = ParamSpec("_P")
 
 
@@ -294,15 +276,28 @@ class Pair:
     ) -> list[int]:
         """Prompt text and/or chat messages -> token ids; chat by default (the target's chat
         template when it has one, raw text otherwise). See ``stream`` for the arguments."""
-        if raw and chat:
-            raise ConfigError("raw=True and chat=True contradict each other")
-        return encode_request(
-            self.target,
+        request = make_request(
             prompt,
             messages=messages,
             system=system,
-            chat=False if raw else chat,
+            raw=raw,
+            chat=chat,
             parse_special=parse_special,
+        )
+        return self.prompt_ids(request)
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt as token ids (token ids as they are; text and messages
+        through the chat template when there is one, or as raw text)."""
+        if request.prompt is not None and not isinstance(request.prompt, str):
+            return list(request.prompt)
+        return encode_request(
+            self.target,
+            request.prompt,
+            messages=request.messages,
+            system=request.system,
+            chat=request.chat,
+            parse_special=request.parse_special,
         )
 
     def stream(
@@ -359,31 +354,36 @@ class Pair:
                         by default all of it is text, so a message cannot end its turn or
                         open another, and a raw prompt or a prediction cannot forge one.
         """
-        sampling, stops = check_request(
-            k=k,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            stop=stop,
-        )
-        if prompt is None or isinstance(prompt, str):
-            ids = self.encode(
+        return self.stream_request(
+            make_request(
                 prompt,
                 messages=messages,
                 system=system,
                 raw=raw,
+                max_new_tokens=max_new_tokens,
+                k=k,
+                adaptive=adaptive,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
                 chat=chat,
+                stop_on_eos=stop_on_eos,
+                stop=stop,
+                prediction=prediction,
                 parse_special=parse_special,
             )
-        elif messages is not None or system is not None:
-            raise ConfigError("token ids are used as they are: no messages or system prompt")
-        else:
-            ids = [int(t) for t in prompt]
+        )
+
+    def stream_request(self, request: GenerationRequest) -> TextStream:
+        """Start the generation of a checked request (``specdec.request.make_request``: the
+        arguments of ``stream``); iterate the returned ``TextStream`` for text pieces."""
+        ids = self.prompt_ids(request)
+        k, prediction, max_new_tokens = request.k, request.prediction, request.max_new_tokens
         policy: KPolicy
         drafter: CausalLM | Drafter | None = self.draft
         if prediction is not None:
-            drafter = self.prediction_drafter(prediction, parse_special=parse_special)
+            drafter = self.prediction_drafter(prediction, parse_special=request.parse_special)
         if k is None and self.auto is not None and prediction is None:
             policy = self.auto.policy()
         else:
@@ -392,7 +392,7 @@ class Pair:
                 k = PLANNED_K if planned else DEFAULT_K
             policy = (
                 capped_adaptive_k(k, max_new_tokens, self.target.n_ctx)
-                if adaptive and k > 0
+                if request.adaptive and k > 0
                 else FixedK(k)
             )
         plain = isinstance(policy, FixedK) and policy.k == 0  # no draft prefill either
@@ -402,12 +402,13 @@ class Pair:
             ids,
             max_new_tokens=max_new_tokens,
             k=policy,
-            sampling=sampling,
-            seed=seed,
-            stop_on_eos=stop_on_eos,
+            sampling=request.sampling,
+            seed=request.seed,
+            stop_on_eos=request.stop_on_eos,
         )
-        hidden = self.target.eos_token_ids if stop_on_eos else frozenset()
-        return TextStream(generation, IncrementalDecoder(self.target.tokenizer), stops, hidden)
+        hidden = self.target.eos_token_ids if request.stop_on_eos else frozenset()
+        decoder = IncrementalDecoder(self.target.tokenizer)
+        return TextStream(generation, decoder, request.stops, hidden)
 
     def _drained(  # type: ignore[misc]
         stream: Callable[Concatenate[Pair, _P], TextStream],
@@ -436,15 +437,22 @@ class Pair:
         **options: Any,
     ) -> Comparison:
         """The same request (``stream``'s arguments) decoded plainly (k=0), then with ``k``
-        (None: the pair's configuration), after a short warm-up of both paths so that
-        neither pays for one-time set-up; ``on_text`` gets the speculative run's text as it
-        streams."""
-        warm = {**options, "max_new_tokens": min(8, int(options.get("max_new_tokens", 128)))}
-        for k_warm in (0, k):
-            self.generate(prompt, k=k_warm, **warm)
-        plain = self.generate(prompt, k=0, **options)
-        speculative = self.stream(prompt, k=k, **options).run(on_text)
-        return Comparison(plain, speculative, float(options.get("temperature", 0)) == 0)
+        (None: the pair's configuration): ``compare_request``."""
+        return self.compare_request(make_request(prompt, k=k, **options), on_text=on_text)
+
+    def compare_request(
+        self, request: GenerationRequest, *, on_text: Callable[[str], None] | None = None
+    ) -> Comparison:
+        """A checked request decoded plainly (k=0), then as asked, after a short warm-up of
+        both paths so that neither pays for one-time set-up; ``on_text`` gets the
+        speculative run's text as it streams."""
+        request = request.with_prompt_ids(self.prompt_ids(request))  # encoded once
+        warm = dataclasses.replace(request, max_new_tokens=min(8, request.max_new_tokens))
+        for k_warm in (0, request.k):
+            self.stream_request(dataclasses.replace(warm, k=k_warm)).run()
+        plain = self.stream_request(dataclasses.replace(request, k=0)).run()
+        speculative = self.stream_request(request).run(on_text)
+        return Comparison(plain, speculative, request.sampling.greedy)
 
     def speculates(self, k: int | None = None, prediction: object = None) -> bool:
         """Whether a request with this ``k`` (None: the configuration's) would draft at all."""
@@ -510,9 +518,7 @@ def load(
     log:             hears about a profile that ``auto`` runs first, and when the target's
                      costs are measured (for a planned drafter, or a request's prediction).
     """
-    config = resolve(  # what to run, and why
-        target,
-        draft,
+    options = ModelOptions(
         target_backend=target_backend,
         draft_backend=draft_backend,
         device=device,
@@ -521,9 +527,39 @@ def load(
         draft_dtype=draft_dtype,
         n_ctx=n_ctx,
         n_threads=n_threads,
+        exact=exact,
+    )
+    return load_with(
+        target,
+        draft,
+        options,
         auto=auto,
         draft_window=draft_window,
-        exact=exact,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        log=log,
+    )
+
+
+def load_with(
+    target: str,
+    draft: str | None,
+    options: ModelOptions,
+    *,
+    auto: bool = False,
+    draft_window: int | None = None,
+    prompt_tokens: int | None = None,
+    new_tokens: int = 128,
+    log: Callable[[str], None] = lambda _: None,
+) -> Pair:
+    """``load`` with the model keywords as one ``pairs.ModelOptions`` (the command line
+    builds it from its flags): resolve -> load_pair -> Pair."""
+    config = resolve(  # what to run, and why
+        target,
+        draft,
+        options,
+        auto=auto,
+        draft_window=draft_window,
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
         log=log,

@@ -33,10 +33,10 @@ from specdec.api import Completion, Pair
 from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
 from specdec.models.base import CausalLM
+from specdec.request import GenerationRequest
 from specdec.serve.engine import Engine, Failed, Finished, Job, QueueFull, ShuttingDown
 from specdec.serve.errors import APIError, error_response, validation_error
 from specdec.serve.generation import (
-    GenerationParams,
     ServeSettings,
     chat_prompt,
     openai_finish_reason,
@@ -247,11 +247,10 @@ def _check_model(req: GenerationFields, config: ServeConfig) -> None:
         )
 
 
-def _submit(state: _State, params: GenerationParams, stream: bool) -> Job:
+def _submit(state: _State, params: GenerationRequest, stream: bool) -> Job:
     job_work = work(
         state.pair,
         params,
-        state.config.settings,
         stream_text=stream,
         on_result=state.metrics.generation,
     )
@@ -269,7 +268,7 @@ def _submit(state: _State, params: GenerationParams, stream: bool) -> Job:
 
 
 async def _respond(
-    state: _State, req: GenerationFields, params: GenerationParams, request: Request, *, chat: bool
+    state: _State, req: GenerationFields, params: GenerationRequest, request: Request, *, chat: bool
 ) -> Response:
     job = _submit(state, params, req.stream)
     ids = _Ids(
