@@ -78,24 +78,29 @@ def make_request(
     check_limits(k=k, max_new_tokens=max_new_tokens)
     sampling = SamplingConfig(temperature, top_k, top_p)
     stops = tuple(check_stops(stop))
-    if raw and chat:
-        raise ConfigError("raw=True and chat=True contradict each other")
-    text_prompt = prompt is None or isinstance(prompt, str)
-    if not text_prompt and (messages is not None or system is not None):
+    ids_or_text: str | tuple[int, ...] | None = None
+    if prompt is None or isinstance(prompt, str):
+        if raw and chat:
+            raise ConfigError("raw=True and chat=True contradict each other")
+        ids_or_text = prompt
+    elif messages is not None or system is not None:
         raise ConfigError("token ids are used as they are: no messages or system prompt")
+    else:
+        ids_or_text = tuple(int(t) for t in prompt)
+    expected: str | tuple[int, ...] | None = None
+    if prediction is None or isinstance(prediction, str):
+        expected = prediction
+    else:
+        expected = tuple(int(t) for t in prediction)
     return GenerationRequest(
-        prompt=prompt if text_prompt else tuple(int(t) for t in prompt),  # type: ignore[arg-type,union-attr]
+        prompt=ids_or_text,
         messages=None if messages is None else tuple(messages),
         system=system,
         chat=False if raw else chat,
         parse_special=parse_special,
         sampling=sampling,
         stops=stops,
-        prediction=(
-            prediction
-            if prediction is None or isinstance(prediction, str)
-            else tuple(int(t) for t in prediction)
-        ),
+        prediction=expected,
         max_new_tokens=max_new_tokens,
         k=k,
         adaptive=adaptive,
