@@ -21,21 +21,9 @@ if TYPE_CHECKING:
 MAX_TEXT_FILE = 16 << 20  # bytes of a prompt or prediction read at most
 
 
-@dataclasses.dataclass(frozen=True)
-class Inputs:
-    request: GenerationRequest  # the prompt as text (encoded once the pair is loaded)
-
-    @property
-    def text(self) -> str:
-        """All the text given (for a size estimate before the tokenizer is loaded)."""
-        prompt, messages = self.request.prompt, self.request.messages
-        assert prompt is None or isinstance(prompt, str)
-        return prompt or "".join(m["content"] for m in messages or [])
-
-
-def read_inputs(args: argparse.Namespace) -> Inputs:
+def read_inputs(args: argparse.Namespace) -> GenerationRequest:
     """The prompt, messages, prediction and decoding options of the command line as one
-    request, or one ConfigError."""
+    request (the prompt as text: the pair encodes it once loaded), or one ConfigError."""
     from specdec.request import make_request  # torch: not for --help
 
     options = make_request(  # the decoding options, checked before any file is read
@@ -71,13 +59,17 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
     prediction = None
     if args.prediction is not None:
         prediction = read_text(args.prediction, "--prediction", MAX_TEXT_FILE)
-    return Inputs(
-        dataclasses.replace(
-            options,
-            prompt=prompt,
-            messages=None if messages is None else tuple(messages),
-            system=args.system,
-            chat=True if args.chat else (False if args.raw else None),  # None: template if any
-            prediction=prediction,
-        )
+    return dataclasses.replace(
+        options,
+        prompt=prompt,
+        messages=None if messages is None else tuple(messages),
+        system=args.system,
+        chat=True if args.chat else (False if args.raw else None),  # None: template if any
+        prediction=prediction,
     )
+
+
+def given_text(request: GenerationRequest) -> str:
+    """All the text a request gives (for a size estimate before the tokenizer is loaded)."""
+    prompt = request.prompt if isinstance(request.prompt, str) else ""
+    return prompt or "".join(m["content"] for m in request.messages or [])
