@@ -39,6 +39,12 @@ class GenerationRequest:
     seed: int = 0
     stop_on_eos: bool = True
 
+    @property
+    def text(self) -> str:
+        """All the text given (for a size estimate before the tokenizer is loaded)."""
+        prompt = self.prompt if isinstance(self.prompt, str) else ""
+        return prompt or "".join(m["content"] for m in self.messages or [])
+
     def with_prompt_ids(self, ids: Sequence[int]) -> GenerationRequest:
         """The same request with its prompt (text, messages, system prompt) as token ids."""
         return dataclasses.replace(

@@ -19,7 +19,7 @@ from specdec.cli.common import (
     load_from_args,
     quiet_libraries,
 )
-from specdec.cli.inputs import given_text, read_inputs
+from specdec.cli.inputs import read_inputs
 from specdec.errors import ConfigError
 from specdec.util.jsonable import json_ready
 
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     given = read_inputs(args)
     t0 = time.perf_counter()
     pair = load_from_args(  # about 4 characters per token (spots long prompts)
-        args, prompt_tokens=len(given_text(given)) // 4, new_tokens=args.max_new_tokens
+        args, prompt_tokens=len(given.text) // 4, new_tokens=args.max_new_tokens
     )
     t_load = time.perf_counter() - t0
     ids = pair.prompt_ids(given)

@@ -67,9 +67,3 @@ def read_inputs(args: argparse.Namespace) -> GenerationRequest:
         chat=True if args.chat else (False if args.raw else None),  # None: template if any
         prediction=prediction,
     )
-
-
-def given_text(request: GenerationRequest) -> str:
-    """All the text a request gives (for a size estimate before the tokenizer is loaded)."""
-    prompt = request.prompt if isinstance(request.prompt, str) else ""
-    return prompt or "".join(m["content"] for m in request.messages or [])
