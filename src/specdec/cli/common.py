@@ -224,10 +224,11 @@ def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
     ``prompt_tokens`` / ``new_tokens`` for the choice of configuration."""
     from specdec.api import load_with
 
+    draft, options = draft_reference(args), model_options(args, args.exact)
     pair = load_with(
         args.target,
-        draft_reference(args),
-        model_options(args, args.exact),
+        draft,
+        options,
         auto=args.auto,
         draft_window=args.draft_window,
         log=lambda m: print(f"[specdec] {printable(m)}", file=sys.stderr),
