@@ -223,7 +223,11 @@ def report(data: dict[str, Any]) -> bool:
     same = sum(e["identical"] for e in ex)
     ok = len(ex) >= RULE_EXACT_MIN and same == len(ex)
     met &= ok
-    refused = f" (exact numerics refused here: {data['exact_refused']})" * ("exact_refused" in data)
+    refused = (
+        f" (exact numerics refused here: {data['exact_refused']})"
+        if "exact_refused" in data
+        else ""
+    )
     lines.append(
         f"exact numerics, plain vs {new}: {same}/{len(ex)} edits identical (rule: all, "
         f"on >= {RULE_EXACT_MIN}): {'met' if ok else 'NOT met'}{refused}"
