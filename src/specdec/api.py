@@ -212,6 +212,27 @@ class TextStream:
 _P = ParamSpec("_P")
 
 
+def _streaming(
+    make: Callable[_P, GenerationRequest],
+) -> Callable[Concatenate[Pair, _P], TextStream]:
+    """``Pair.stream``: the parameters of ``make_request`` by construction (written once),
+    the request it makes started by ``Pair.stream_request``."""
+
+    def stream(self: Pair, *args: _P.args, **kwargs: _P.kwargs) -> TextStream:
+        return self.stream_request(make(*args, **kwargs))
+
+    stream.__doc__ = (
+        "Start a generation; iterate the returned ``TextStream`` for text pieces. The "
+        "arguments are those of ``specdec.request.make_request``:\n\n" + (make.__doc__ or "")
+    )
+    signature = inspect.signature(make)
+    own = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    stream.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[own, *signature.parameters.values()], return_annotation="TextStream"
+    )
+    return stream
+
+
 class Pair:
     """A loaded target and its drafter (or none), ready to generate. ``auto`` is the
     profile's choice when the profile or the machine default chose (``load``); ``config`` the
@@ -300,80 +321,7 @@ class Pair:
             parse_special=request.parse_special,
         )
 
-    def stream(
-        self,
-        prompt: str | Sequence[int] | None = None,
-        *,
-        messages: Sequence[Message] | None = None,
-        system: str | None = None,
-        raw: bool = False,
-        max_new_tokens: int = 128,
-        k: int | None = None,
-        adaptive: bool = False,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        chat: bool | None = None,
-        stop_on_eos: bool = True,
-        stop: str | Sequence[str] | None = None,
-        prediction: str | Sequence[int] | None = None,
-        parse_special: bool = False,
-    ) -> TextStream:
-        """Start a generation; iterate the returned ``TextStream`` for text pieces.
-
-        prompt:         text, or token ids (used as they are); with a chat template the
-                        text is the last user turn (chat by default).
-        messages:       earlier chat turns, a list of {"role", "content"} (roles system,
-                        user, assistant, tool); needs a model with a chat template.
-        system:         a system prompt (needs a model with a chat template).
-        raw:            the text as it is, without the chat template.
-        max_new_tokens: the most tokens to generate (>= 1).
-        k:              drafts per round (0 = plain decoding; the maximum with adaptive);
-                        None: the profile's adaptive choice for an auto pair, else 6.
-        adaptive:       choose K each round from the measured acceptance and costs.
-        temperature:    0 = greedy (the target's own argmax output); > 0 samples.
-        top_k, top_p:   truncation (0 and 1 disable), applied to draft and target alike.
-        seed:           fixes the sampled output (same seed, same output).
-        chat:           None (default): the chat template when the target has one, raw
-                        text otherwise; True: require the template; False: same as raw.
-        stop_on_eos:    stop at the end-of-sequence token.
-        stop:           stop strings (one or several): the text ends right before the first
-                        occurrence of any of them, even across tokens and rounds.
-        prediction:     the output you expect, or most of it (OpenAI's Predicted Outputs: the
-                        code being edited, a document being revised), as text or token ids.
-                        It is drafted from where the output stands in it (re-synchronised
-                        after the model inserts, deletes or changes text; the pair's own
-                        drafter drafts elsewhere), so the output is exactly what it would be
-                        without it: only the speed changes. ``result.prediction_tokens()``
-                        (and ``stats``) count accepted / rejected prediction tokens. K caps
-                        each draft (default 64; the drafts are sized by the target's measured
-                        verify cost below it); k=0 ignores the prediction.
-        parse_special:  read special-token text (such as ``<|im_end|>``) inside the text
-                        given (the prompt, the messages, the prediction) as special tokens;
-                        by default all of it is text, so a message cannot end its turn or
-                        open another, and a raw prompt or a prediction cannot forge one.
-        """
-        return self.stream_request(
-            make_request(
-                prompt,
-                messages=messages,
-                system=system,
-                raw=raw,
-                max_new_tokens=max_new_tokens,
-                k=k,
-                adaptive=adaptive,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                seed=seed,
-                chat=chat,
-                stop_on_eos=stop_on_eos,
-                stop=stop,
-                prediction=prediction,
-                parse_special=parse_special,
-            )
-        )
+    stream = _streaming(make_request)
 
     def stream_request(self, request: GenerationRequest) -> TextStream:
         """Start the generation of a checked request (``specdec.request.make_request``: the

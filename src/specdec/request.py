@@ -79,8 +79,41 @@ def make_request(
     prediction: str | Sequence[int] | None = None,
     parse_special: bool = False,
 ) -> GenerationRequest:
-    """The checked request (the arguments are ``Pair.stream``'s), or a ``ConfigError`` naming
-    the bad argument. The prompt's text is encoded by the pair (it needs the tokenizer)."""
+    """The checked request, or a ``ConfigError`` naming the bad argument (``Pair.stream``
+    takes these arguments; the prompt's text is encoded by the pair, which has the tokenizer).
+
+    prompt:         text, or token ids (used as they are); with a chat template the
+                    text is the last user turn (chat by default).
+    messages:       earlier chat turns, a list of {"role", "content"} (roles system,
+                    user, assistant, tool); needs a model with a chat template.
+    system:         a system prompt (needs a model with a chat template).
+    raw:            the text as it is, without the chat template.
+    max_new_tokens: the most tokens to generate (>= 1).
+    k:              drafts per round (0 = plain decoding; the maximum with adaptive);
+                    None: the profile's adaptive choice for an auto pair, else 6.
+    adaptive:       choose K each round from the measured acceptance and costs.
+    temperature:    0 = greedy (the target's own argmax output); > 0 samples.
+    top_k, top_p:   truncation (0 and 1 disable), applied to draft and target alike.
+    seed:           fixes the sampled output (same seed, same output).
+    chat:           None (default): the chat template when the target has one, raw
+                    text otherwise; True: require the template; False: same as raw.
+    stop_on_eos:    stop at the end-of-sequence token.
+    stop:           stop strings (one or several): the text ends right before the first
+                    occurrence of any of them, even across tokens and rounds.
+    prediction:     the output you expect, or most of it (OpenAI's Predicted Outputs: the
+                    code being edited, a document being revised), as text or token ids.
+                    It is drafted from where the output stands in it (re-synchronised
+                    after the model inserts, deletes or changes text; the pair's own
+                    drafter drafts elsewhere), so the output is exactly what it would be
+                    without it: only the speed changes. ``result.prediction_tokens()``
+                    (and ``stats``) count accepted / rejected prediction tokens. K caps
+                    each draft (default 64; the drafts are sized by the target's measured
+                    verify cost below it); k=0 ignores the prediction.
+    parse_special:  read special-token text (such as ``<|im_end|>``) inside the text
+                    given (the prompt, the messages, the prediction) as special tokens;
+                    by default all of it is text, so a message cannot end its turn or
+                    open another, and a raw prompt or a prediction cannot forge one.
+    """
     check_limits(k=k, max_new_tokens=max_new_tokens)
     sampling = SamplingConfig(temperature, top_k, top_p)
     stops = tuple(check_stops(stop))
