@@ -32,7 +32,7 @@ def main() -> int:
 
     from plain_baselines import auto_choice
 
-    from specdec.decoding import generate
+    from specdec.core.loop import generate
     from specdec.drafters.planned import PlannedSuffixDrafter
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.drafters.base import Draft, Drafter
+from specdec.core.drafter import Draft, Drafter
+from specdec.core.sampling import SamplingConfig
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
-from specdec.sampling import SamplingConfig
 from specdec.theory import Costs, expected_tokens_per_round
 
 # match-length buckets: the lower bound of each (a match of m tokens falls in the last

@@ -102,7 +102,7 @@ def specdec_decode(
     target: Any, drafter: Any, ids: list[int], n_new: int, k: int
 ) -> tuple[float, int]:
     """(decode seconds, tokens after the first) of specdec's loop, prefill excluded."""
-    from specdec.decoding import generate
+    from specdec.core.loop import generate
 
     res = generate(target, drafter, ids, max_new_tokens=n_new, k=k, reuse_prefix=False)
     first = res.rounds[0]

@@ -81,7 +81,7 @@ def run_prompt(
     n_new: int,
 ) -> dict[str, Any]:
     from specdec.certify.common import first_difference
-    from specdec.decoding import generate
+    from specdec.core.loop import generate
 
     runs: dict[str, dict[str, Any]] = {}
     target.truncate(0)

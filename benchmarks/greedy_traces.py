@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
-    from specdec.decoding import generate
+    from specdec.core.loop import generate
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.prompt_sets import select_prompts

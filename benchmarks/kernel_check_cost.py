@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.hub import find_entry, model_path
-from specdec.machine import cpu_flags, machine_info
+from specdec.util.machine import cpu_flags, machine_info
 
 MODELS = (
     "smollm2-135m-instruct-q4_1",

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from specdec.hub import find_entry, model_path
-from specdec.machine import cpu_flags, machine_info
 from specdec.models.kernel_check import CheckSettings, _probe, row_tv
 from specdec.models.kernel_probe import Choice
+from specdec.util.machine import cpu_flags, machine_info
 
 MODELS = (
     "smollm2-135m-instruct-q4_1",

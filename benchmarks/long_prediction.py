@@ -13,7 +13,7 @@ import argparse
 import time
 
 import specdec
-from specdec.machine import machine_line
+from specdec.util.machine import machine_line
 
 PERIOD = "the cat sat on the mat. "
 SIZE = 3_980_000  # characters (ASCII: bytes)

@@ -34,7 +34,7 @@ def main() -> int:
     import llama_cpp
     import llama_cpp.llama_cpp as low
 
-    from specdec.decoding import generate
+    from specdec.core.loop import generate
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.prompt_sets import select_prompts

@@ -119,7 +119,7 @@ def llama_cpp_shared(ours, prompt_ids: list[int], n_new: int) -> tuple[float, fl
 def specdec_run(
     target, draft, prompt_ids: list[int], n_new: int, k, *, reuse_prompt: bool = False
 ) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
-    from specdec.decoding import generate
+    from specdec.core.loop import generate
 
     res = generate(target, draft, prompt_ids, max_new_tokens=n_new, k=k, reuse_prefix=reuse_prompt)
     first = res.rounds[0].t_round if res.rounds else 0.0

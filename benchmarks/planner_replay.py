@@ -43,12 +43,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.sampling import SamplingConfig, make_generator
 from specdec.drafters.planned import BUCKETS, PlannedSuffixDrafter, bucket_of
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
 from specdec.profiler.measure import model_free_probe, round_walk_probe
 from specdec.profiler.predict import ProbeSequence, best_length_plan, plan_seconds, simulate
-from specdec.sampling import SamplingConfig, make_generator
 from specdec.theory import Costs
 
 GREEDY = SamplingConfig()

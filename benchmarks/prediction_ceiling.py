@@ -76,7 +76,7 @@ def is_edit(rec: dict[str, Any]) -> bool:
 def specdec_tokens(target: Any, drafter: Any, prompt_ids: list[int], n_new: int, k: int) -> dict:
     """One specdec run with the prompt kept: decode seconds and tokens after the first round,
     the output, rounds, rows per pass and the prediction's counts."""
-    from specdec.decoding import generate
+    from specdec.core.loop import generate
 
     res = generate(target, drafter, prompt_ids, max_new_tokens=n_new, k=k, reuse_prefix=True)
     first = res.rounds[0]
@@ -102,7 +102,7 @@ def exact_check(
 ) -> list[dict[str, Any]]:
     """The first n code edits on an instance with exact numerics: plain (K = 0) and K<=64
     tokens compared (greedy: identical, bit for bit)."""
-    from specdec.decoding import generate
+    from specdec.core.loop import generate
     from specdec.drafters.planned import PlannedSuffixDrafter, planned_suffix
     from specdec.drafters.prediction import PredictionDrafter
     from specdec.models.llamacpp import LlamaCppLM
@@ -278,7 +278,6 @@ def main() -> int:
     from specdec.drafters.prediction import PredictionDrafter
     from specdec.drafters.suffix import SuffixDrafter
     from specdec.hub import resolve
-    from specdec.machine import machine_info, machine_line
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.models.loader import ModelConfig
     from specdec.pairs import release
@@ -287,6 +286,7 @@ def main() -> int:
     from specdec.prompt_sets import load_named_set
     from specdec.prompting import encode_prompt, encode_text
     from specdec.theory import Costs
+    from specdec.util.machine import machine_info, machine_line
 
     def log(m: str) -> None:
         print(f"[bench] {m}", file=sys.stderr, flush=True)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.bench.copy_ceiling import request_ceiling
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
 from specdec.drafters.planned import PlannedSuffixDrafter, planned_suffix
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.profiler.measure import round_walk_probe

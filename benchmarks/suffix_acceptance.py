@@ -35,7 +35,7 @@ def encode(lm: Any, text: str, category: str, chat: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specdec.decoding import generate
+    from specdec.core.loop import generate
     from specdec.drafters.suffix import SuffixDrafter, SuffixOptions
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM

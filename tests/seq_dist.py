@@ -10,10 +10,11 @@ import numpy as np
 import torch
 from scipy import stats
 
-from specdec.decoding import GenerationResult, generate
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import generate
+from specdec.core.result import GenerationResult
+from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.models.mock import MockLM
-from specdec.sampling import SamplingConfig, logits_to_probs
 
 
 def exact_first_tokens(

@@ -14,13 +14,13 @@ import torch
 
 import specdec
 from specdec.certify.shape_matched import shape_matched_generate
-from specdec.decoding import Generation, generate, generate_stream
-from specdec.detokenize import IncrementalDecoder
+from specdec.core.detokenize import IncrementalDecoder
+from specdec.core.loop import Generation, generate, generate_stream
+from specdec.core.sampling import SamplingConfig, make_generator
+from specdec.core.verifiers import exact_match_verifier, rejection_verifier
 from specdec.errors import ConfigError, EmptyPromptError
 from specdec.models.base import extend_last, supports_last_only
 from specdec.models.mock import MockLM, mock_pair
-from specdec.sampling import SamplingConfig, make_generator
-from specdec.verifiers import exact_match_verifier, rejection_verifier
 
 SRC = Path(specdec.__file__).parent
 
@@ -29,7 +29,7 @@ SRC = Path(specdec.__file__).parent
 
 
 def _unit(module: str) -> str:
-    """specdec.models.hf -> models; specdec.decoding -> decoding."""
+    """specdec.models.hf -> models; specdec.core.loop -> core."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
@@ -82,7 +82,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_package_units_import_without_a_cycle() -> None:
     graph = _import_graph()
-    assert {"models", "drafters", "hub", "decoding", "pairs", "cli"} <= set(graph)
+    assert {"models", "drafters", "hub", "core", "util", "pairs", "cli"} <= set(graph)
     cycle = _find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
@@ -96,8 +96,10 @@ def test_the_cycle_finder_finds_a_planted_cycle() -> None:
 def test_models_do_not_import_drafters_and_the_core_not_the_tools() -> None:
     graph = _import_graph()
     assert "drafters" not in graph["models"]
-    for low in ("models", "drafters", "hub", "decoding", "sampling", "rejection", "verifiers"):
+    for low in ("models", "drafters", "hub", "core", "util"):
         assert not graph[low] & {"bench", "certify", "cli", "pairs", "api", "serve"}, low
+    assert "drafters" not in graph["core"]  # the drafters sit on the core's Drafter and sampling
+    assert graph["util"] <= {"errors"}  # the utilities sit below everything
     assert "serve" not in graph["api"] and "cli" not in graph["serve"]  # the server sits on top
 
 
@@ -154,7 +156,11 @@ def test_the_command_line_goes_through_the_public_api() -> None:
     graph = _file_graph()
     for module, targets in graph.items():
         if module.startswith("specdec.cli"):
-            assert not targets & {"specdec.decoding", "specdec.policy"}, module
+            assert not targets & {
+                "specdec.core.loop",
+                "specdec.core.round",
+                "specdec.core.policy",
+            }, module
 
 
 def test_loading_a_pair_imports_no_measurement_tool() -> None:
@@ -417,8 +423,8 @@ def test_conversion_cache_follows_the_store_rule(
 
 
 def test_greedy_verify_equals_both_verifiers_on_one_hot_rows() -> None:
-    from specdec.sampling import GREEDY, logits_to_probs
-    from specdec.verifiers import greedy_verify
+    from specdec.core.sampling import GREEDY, logits_to_probs
+    from specdec.core.verifiers import greedy_verify
 
     g = make_generator(3)
     for _ in range(200):

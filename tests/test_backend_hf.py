@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from specdec.decoding import generate
+from specdec.core.loop import generate
 from specdec.errors import ModelLoadError
 from specdec.models.base import CausalLM
 from specdec.models.hf import load_hf

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.decoding import generate
+from specdec.core.loop import generate
 from specdec.errors import ModelLoadError
 from specdec.models.base import CausalLM
 from specdec.models.vocab import check_same_vocabulary

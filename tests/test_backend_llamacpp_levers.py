@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from specdec.decoding import generate
+from specdec.core.loop import generate
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
 from tiny_models import llama_cpp_or_skip, store_model_or_skip, threads

@@ -16,11 +16,11 @@ from specdec.certify.mock_level import exact_window_distribution
 from specdec.certify.prefix_cache import PrefixReuseLM
 from specdec.certify.shape_matched import shape_matched_generate
 from specdec.certify.stats.chisquare import chisquare_gof
-from specdec.decoding import generate
+from specdec.core.loop import generate
+from specdec.core.sampling import SamplingConfig
 from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import ConfigError
 from specdec.models.mock import MockLM, mock_pair
-from specdec.sampling import SamplingConfig
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ fail. Small seeded configurations (a few seconds each).
 Thresholds (fixed before running): exact deviation <= 1e-6; Monte Carlo and sampled tests
 Holm-corrected at family-wise alpha 0.01; greedy: zero mismatches. The broken walks are
 "residual replaced by p" and "drafts always accepted", injected by replacing the functions in
-specdec.rejection for the duration of one call.
+specdec.core.rejection for the duration of one call.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from specdec.certify.synthetic import (
     round_outcomes,
     run_level1,
 )
+from specdec.core.rejection import walk
+from specdec.core.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.errors import ConfigError
 from specdec.models.mock import MockLM
-from specdec.rejection import walk
-from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
 
 
 @pytest.fixture(autouse=True)
@@ -127,7 +127,7 @@ def test_level1_catches_a_broken_walk(fault: str) -> None:
 def test_injected_fault_is_restored() -> None:
     """The patched function is restored even when the block raises; unknown names are
     a ConfigError."""
-    from specdec import rejection
+    from specdec.core import rejection
 
     before = rejection.residual_distribution
     with pytest.raises(RuntimeError), injected_fault("residual-is-p"):

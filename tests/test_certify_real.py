@@ -34,11 +34,11 @@ from specdec.certify.real import (
     run_level3,
     top2_gap,
 )
-from specdec.decoding import generate
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import generate
+from specdec.core.sampling import SamplingConfig, make_generator
 from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
-from specdec.sampling import SamplingConfig, make_generator
 
 
 @pytest.fixture(autouse=True)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from specdec.bench.copy_ceiling import copy_blocks, request_ceiling
-from specdec.machine import cpu_flags, machine_line
 from specdec.theory import copy_ceiling
+from specdec.util.machine import cpu_flags, machine_line
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 

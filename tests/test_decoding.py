@@ -15,11 +15,11 @@ import pytest
 from scipy import stats
 
 from seq_dist import exact_first_tokens
-from specdec.decoding import generate, generate_stream
+from specdec.core.loop import generate, generate_stream
+from specdec.core.sampling import SamplingConfig
 from specdec.drafters import NgramDrafter
 from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError
 from specdec.models.mock import MockLM, MockSpec, mock_pair
-from specdec.sampling import SamplingConfig
 
 
 def prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -208,7 +208,7 @@ def test_sampled_sequences_follow_the_exact_target_distribution(closeness, k, cf
 @pytest.mark.slow
 def test_sampled_sequence_test_catches_a_broken_walk(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same test on a decoder whose residual is p: it must fail."""
-    from specdec import rejection
+    from specdec.core import rejection
 
     monkeypatch.setattr(rejection, "residual_distribution", lambda p, q: p / p.sum())
     draft, target = mock_pair("far", vocab_size=5, order=2, sharpness=1.0)

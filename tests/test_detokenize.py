@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from specdec.detokenize import IncrementalDecoder
+from specdec.core.detokenize import IncrementalDecoder
 from specdec.models.hf import HFTokenizer
 from specdec.models.mock import MockTokenizer
 

@@ -24,15 +24,16 @@ from specdec.bench.plan import BenchPlan
 from specdec.bench.results import read_results
 from specdec.bench.runner import run_bench
 from specdec.cli import main
-from specdec.decoding import GenerationResult, context_limit, generate, generate_stream
+from specdec.core.loop import context_limit, generate, generate_stream
+from specdec.core.model_drafter import ModelDrafter
+from specdec.core.result import GenerationResult
+from specdec.core.sampling import GREEDY, SamplingConfig, make_generator
 from specdec.drafters.hybrid import HybridDrafter
-from specdec.drafters.model import ModelDrafter
 from specdec.drafters.suffix import SuffixDrafter, SuffixOptions
 from specdec.errors import ConfigError
 from specdec.models.loader import ModelConfig
 from specdec.models.mock import MockLM, MockSpec, mock_pair
 from specdec.pairs import DEFAULT_DRAFT, HybridRef, load_pair
-from specdec.sampling import GREEDY, SamplingConfig, make_generator
 
 VOCAB = 12
 

@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from seq_dist import first_tokens_pvalue
-from specdec.decoding import GenerationResult, generate, generate_stream
+from specdec.core.loop import generate, generate_stream
+from specdec.core.model_drafter import ModelDrafter
+from specdec.core.result import GenerationResult
+from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.drafters.hybrid import HybridDrafter
-from specdec.drafters.model import ModelDrafter
 from specdec.drafters.suffix import SuffixDrafter, SuffixOptions
 from specdec.errors import ConfigError
 from specdec.models.mock import MockLM, MockSpec, mock_pair
-from specdec.sampling import GREEDY, SamplingConfig
 
 
 def hybrid(
@@ -65,7 +66,7 @@ def test_greedy_is_bit_identical_to_plain_and_the_caches_stay_in_sync(
             got += ev.tokens
             assert target.cached_tokens == ctx[:-1]
             assert_model_cache_in_sync(h, draft, ctx)
-            assert ev.stats.k <= (k if h.last_source == "suffix" else min(k, 4))
+            assert ev.k <= (k if h.last_source == "suffix" else min(k, 4))
         assert got == plain.tokens
         used["suffix"] += h.suffix_rounds  # counters restart with each generation
         used["model"] += h.model_rounds

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from seq_dist import first_tokens_pvalue
-from specdec.decoding import GenerationResult, generate
+from specdec.core.loop import generate
+from specdec.core.result import GenerationResult
+from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.drafters.planned import (
     BUCKETS,
     COPY,
@@ -31,7 +33,6 @@ from specdec.drafters.suffix import SuffixDrafter, SuffixOptions
 from specdec.errors import ConfigError
 from specdec.models.mock import MockLM, MockSpec
 from specdec.pairs import is_model_free, is_planned, load_pair
-from specdec.sampling import GREEDY, SamplingConfig
 from specdec.theory import Costs
 
 # a pass over n tokens costs n steps (serial) / about one step (batch-parallel)

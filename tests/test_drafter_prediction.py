@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from seq_dist import first_tokens_pvalue
-from specdec.decoding import GenerationResult, generate
-from specdec.drafters.base import Draft
+from specdec.core.drafter import Draft
+from specdec.core.loop import generate
+from specdec.core.result import GenerationResult
+from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.drafters.prediction import (
     SOURCE,
     PredictionDrafter,
@@ -25,7 +27,6 @@ from specdec.drafters.prediction import (
 from specdec.drafters.span_index import SpanIndex
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.models.mock import MockLM, MockSpec
-from specdec.sampling import GREEDY, SamplingConfig
 from specdec.theory import Costs
 
 FLAT = Costs(verify_s=tuple(1.0 + 0.02 * n for n in range(32)), prefill_tps=1e3)

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from seq_dist import first_tokens_pvalue
-from specdec.decoding import GenerationResult, generate, generate_stream
+from specdec.core.loop import generate, generate_stream
+from specdec.core.result import GenerationResult
+from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.drafters.suffix import (
     SuffixDrafter,
     SuffixIndex,
@@ -25,7 +27,6 @@ from specdec.drafters.suffix import (
 )
 from specdec.errors import ConfigError
 from specdec.models.mock import MockLM, MockSpec
-from specdec.sampling import GREEDY, SamplingConfig
 
 
 def propose(drafter: SuffixDrafter, context: list[int], k: int) -> list[int]:
@@ -267,7 +268,7 @@ def test_sampled_sequences_follow_the_exact_target_distribution(
 @pytest.mark.slow
 def test_the_distribution_check_catches_a_broken_walk(monkeypatch: pytest.MonkeyPatch) -> None:
     """Same check with a residual that does not remove the rejected one-hot draft: it fails."""
-    from specdec import rejection
+    from specdec.core import rejection
 
     monkeypatch.setattr(rejection, "residual_distribution", lambda p, q: p / p.sum())
     target = MockLM(MockSpec(vocab_size=5, order=2, sharpness=1.0))

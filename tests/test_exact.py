@@ -158,7 +158,7 @@ def test_speculative_output_is_plain_decoding_token_for_token(
     model (on llama.cpp's fast numerics: a draft only proposes) give plain decoding's tokens,
     and so does llama-cpp-python's own loop on a second instance with the same settings, on
     a short, a code and a 700+-token prompt."""
-    from specdec.decoding import generate
+    from specdec.core.loop import generate
     from specdec.drafters.suffix import SuffixDrafter
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.pairs import parse_drafter

@@ -205,7 +205,7 @@ def test_an_absurd_adaptive_k_is_capped_not_hung(
 ) -> None:
     """-k far beyond the tokens wanted used to hang --adaptive (O(k^2) per round) or raise
     MemoryError; K is capped by the length and the context window."""
-    from specdec.policy import capped_adaptive_k
+    from specdec.core.policy import capped_adaptive_k
 
     assert capped_adaptive_k(int(k), 4, 2048).k_max == 4
     assert main([*GEN, "--adaptive", "-k", k, "--json", "hi"]) == 0

@@ -1067,7 +1067,7 @@ def test_api_key_is_never_written_to_the_results(
 def test_local_bench_headers_redact_secrets() -> None:
     from specdec.bench.plan import quick_plan
     from specdec.bench.runner import header_record
-    from specdec.credentials import redact_argv
+    from specdec.util.credentials import redact_argv
 
     argv = ["specdec", "bench", "--api-key", "K1", "--api-key=K2", "--endpoint", "http://u:p@h"]
     assert redact_argv(argv) == [

@@ -8,11 +8,11 @@ import math
 import pytest
 
 from specdec.cli import main
-from specdec.decoding import GenerationResult, RoundStats
+from specdec.core.result import GenerationResult, Round
 
 
 def result(rounds: list[tuple[int, int, int]], finish: str = "length") -> GenerationResult:
-    stats = [RoundStats(k, a, e, 0.0, 0.0, 0.0, 0.0) for k, a, e in rounds]
+    stats = [Round(k, a, [5] * e, 0.0, 0.0, 0.0, 0.0) for k, a, e in rounds]
     tokens = [5] * sum(e for _, _, e in rounds)
     return GenerationResult([0], tokens, stats, finish, 0.0, 1.0)
 
@@ -53,11 +53,11 @@ def test_generate_json_has_the_fields_and_is_valid_json(capsys: pytest.CaptureFi
 
 def test_ttft_is_prefill_plus_the_first_round() -> None:
 
-    r1 = RoundStats(
-        k=2, n_accepted=2, n_emitted=3, t_draft=0.1, t_verify=0.2, t_sampling=0.0, t_round=0.35
+    r1 = Round(
+        k=2, n_accepted=2, tokens=[5, 6, 7], t_draft=0.1, t_verify=0.2, t_sampling=0.0, t_round=0.35
     )
-    r2 = RoundStats(
-        k=2, n_accepted=0, n_emitted=1, t_draft=0.1, t_verify=0.2, t_sampling=0.0, t_round=0.3
+    r2 = Round(
+        k=2, n_accepted=0, tokens=[8], t_draft=0.1, t_verify=0.2, t_sampling=0.0, t_round=0.3
     )
     res = GenerationResult([1, 2], [5, 6, 7, 8], [r1, r2], "length", t_prefill=1.25, t_total=2.0)
     assert res.ttft == pytest.approx(1.6)

@@ -11,15 +11,15 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from specdec.decoding import generate
-from specdec.drafters.model import ModelDrafter
+from specdec.core.loop import generate
+from specdec.core.model_drafter import ModelDrafter
+from specdec.core.rejection import exact_round_distribution
+from specdec.core.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.errors import VocabMismatchError
 from specdec.models.loader import ModelConfig
 from specdec.models.mock import MockLM, MockSpec, MockTokenizer, mock_pair
 from specdec.models.vocab import MAX_VOCAB_PAD, check_same_vocabulary, fit_logits
 from specdec.pairs import load_pair
-from specdec.rejection import exact_round_distribution
-from specdec.sampling import SamplingConfig, logits_to_probs, make_generator
 from test_decoding import sequence_pvalue
 
 # >= 259 ids: the mock tokenizer maps every byte to its own id, whatever the size

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specdec.cli import main
-from specdec.decoding import generate
+from specdec.core.loop import generate
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixDrafter

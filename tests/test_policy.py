@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.decoding import generate
+from specdec.core.loop import generate
+from specdec.core.policy import AdaptiveK, FixedK
+from specdec.core.result import Round
 from specdec.errors import ConfigError
 from specdec.models.mock import mock_pair
-from specdec.policy import AdaptiveK, FixedK, RoundObservation
 from specdec.theory import (
     best_k,
     draft_model_ceiling,
@@ -35,7 +36,8 @@ def feed(
             else:
                 break
         tv = t_verify(k + 1)  # type: ignore[misc]
-        policy.observe(RoundObservation(k, n, t_draft * k, tv, t_draft * k + tv + 0.001))
+        t_round = t_draft * k + tv + 0.001
+        policy.observe(Round(k, n, [0] * (n + 1), t_draft * k, tv, 0.0, t_round))
     return ks
 
 

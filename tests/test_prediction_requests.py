@@ -11,7 +11,7 @@ import pytest
 
 import specdec
 from specdec.api import Pair
-from specdec.decoding import generate
+from specdec.core.loop import generate
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.models.mock import MockLM, MockSpec
 

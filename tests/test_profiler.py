@@ -16,9 +16,10 @@ from scipy import stats
 from seq_dist import exact_first_tokens
 from specdec.cli import main
 from specdec.cli.profile import render
-from specdec.decoding import generate
+from specdec.core.loop import generate
+from specdec.core.policy import ProfileK
+from specdec.core.sampling import SamplingConfig
 from specdec.models.mock import mock_pair
-from specdec.policy import ProfileK
 from specdec.profiler import cache
 from specdec.profiler import run as profiler_run
 from specdec.profiler.decide import Candidate, rank
@@ -31,7 +32,6 @@ from specdec.profiler.predict import (
     simulate,
 )
 from specdec.profiler.run import ProfileSpec, run_profile, skip_reason
-from specdec.sampling import SamplingConfig
 from specdec.theory import Costs
 
 STEP = 0.030  # a 30 ms target step

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.rejection import (
+from specdec.core.rejection import (
     accept_reject,
     exact_outcome_distribution,
     exact_round_distribution,
     residual_distribution,
     walk,
 )
-from specdec.sampling import make_generator
+from specdec.core.sampling import make_generator
 from walk_checks import exact_deviation, monte_carlo_pvalues, random_case, round_distribution
 
 KINDS = [
@@ -171,7 +171,7 @@ def _scalar_walk(p: torch.Tensor, q: torch.Tensor | None, xs: torch.Tensor, rng)
 
 @pytest.mark.parametrize("one_hot", [False, True])
 def test_the_tensor_walk_gives_the_scalar_walks_outcomes_seed_for_seed(one_hot: bool) -> None:
-    from specdec.rejection import TorchRandom
+    from specdec.core.rejection import TorchRandom
 
     gen = torch.Generator().manual_seed(7)
     for case in range(300):

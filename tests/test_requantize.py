@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.decoding import generate
+from specdec.core.loop import generate
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.hub import sha256_file
 from specdec.models.requantize import requantize, requantized_path

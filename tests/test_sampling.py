@@ -5,14 +5,14 @@ import pytest
 import torch
 from scipy import stats
 
-from specdec.errors import ConfigError
-from specdec.sampling import (
+from specdec.core.sampling import (
     SamplingConfig,
     logits_to_probs,
     make_generator,
     sample,
     sample_from_probs,
 )
+from specdec.errors import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import pytest
 import specdec
 from specdec.api import Pair
 from specdec.cli import main
+from specdec.core.stops import StopMatcher, check_stops, cut_at_stop, held_suffix_len
 from specdec.errors import ConfigError
-from specdec.stops import StopMatcher, check_stops, cut_at_stop, held_suffix_len
 
 MOCK = {"target_backend": "mock", "draft_backend": "mock", "n_ctx": 256}
 

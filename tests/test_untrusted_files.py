@@ -172,9 +172,9 @@ def test_a_non_ascii_key_in_the_environment_is_refused(
 
 def test_an_ascii_key_still_works_both_ways() -> None:
     """The opposite verdict: a printable ASCII key passes the same check on both sides."""
-    from specdec.credentials import read_api_key
     from specdec.endpoint.client import EndpointConfig
     from specdec.serve import ServeConfig, ServeSettings
+    from specdec.util.credentials import read_api_key
 
     assert read_api_key("sk-Abc_123.~+/=", None) == "sk-Abc_123.~+/="
     assert EndpointConfig("http://h:1", api_key="sk-1").api_key == "sk-1"
@@ -183,7 +183,7 @@ def test_an_ascii_key_still_works_both_ways() -> None:
 
 def test_open_regular_refuses_what_is_not_a_file(tmp_path: Path) -> None:
     from specdec.errors import ConfigError
-    from specdec.textfiles import read_text
+    from specdec.util.textfiles import read_text
 
     (tmp_path / "ok.txt").write_text("fine\n")
     assert read_text(tmp_path / "ok.txt", "the file") == "fine\n"
@@ -299,7 +299,7 @@ def test_endpoint_records_of_the_wrong_types_are_left_out(
 
 
 def test_quoted_lists_and_printable_text() -> None:
-    from specdec.printable import printable, quoted_list
+    from specdec.util.printable import printable, quoted_list
 
     assert printable("a\x1b[31mb\nc\td\u202ee") == "a\\x1b[31mb\\nc\\td\\u202ee"
     assert printable("café, 日本") == "café, 日本"  # printable text is left alone

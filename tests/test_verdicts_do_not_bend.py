@@ -114,9 +114,9 @@ def _wrong_rows_divergence(not_token: int | None = None) -> tuple[object, ...]:
     speculative token is not ``not_token``)."""
     from specdec.certify.faults import WrongRowsLM
     from specdec.certify.mock_level import mock_prompts
-    from specdec.decoding import generate
+    from specdec.core.loop import generate
+    from specdec.core.sampling import SamplingConfig, make_generator
     from specdec.models.loader import ModelConfig, load_model
-    from specdec.sampling import SamplingConfig, make_generator
 
     draft = load_model(ModelConfig("mock:close:32"))
     target = WrongRowsLM(load_model(ModelConfig("mock:target:32")))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec import rejection
-from specdec.rejection import RandomSource, walk
-from specdec.sampling import make_generator
+from specdec.core import rejection
+from specdec.core.rejection import RandomSource, walk
+from specdec.core.sampling import make_generator
 from walk_checks import exact_deviation, monte_carlo_pvalues, random_case, round_distribution
 
 

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from scipy import stats
 
-from specdec.rejection import RandomSource, TorchRandom, enumerate_outcomes
-from specdec.sampling import make_generator
+from specdec.core.rejection import RandomSource, TorchRandom, enumerate_outcomes
+from specdec.core.sampling import make_generator
 
 WalkFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, RandomSource], tuple[int, int]]
 

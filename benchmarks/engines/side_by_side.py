@@ -54,8 +54,8 @@ import servers as S
 from specdec.bench.analysis import cluster_bootstrap_geomean
 from specdec.endpoint.client import EndpointClient, EndpointConfig, Reply, Request
 from specdec.endpoint.pairing import SWITCH_OFF
-from specdec.machine import machine_info
 from specdec.prompt_sets import select_prompts
+from specdec.util.machine import machine_info
 
 OUT = S.REPO / "benchmarks/results/engines/side-by-side.jsonl"
 MAX_TOKENS = 64

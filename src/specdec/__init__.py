@@ -25,8 +25,9 @@ from specdec.errors import (
 
 if TYPE_CHECKING:
     from specdec.api import Comparison, Completion, Pair, TextStream, load
-    from specdec.decoding import GenerationResult, generate, generate_stream
-    from specdec.sampling import SamplingConfig
+    from specdec.core.loop import generate, generate_stream
+    from specdec.core.result import GenerationResult
+    from specdec.core.sampling import SamplingConfig
 
 __version__ = "0.1.0"
 
@@ -37,10 +38,10 @@ _LAZY: Mapping[str, str] = MappingProxyType(
         "Comparison": "specdec.api",
         "Completion": "specdec.api",
         "TextStream": "specdec.api",
-        "generate": "specdec.decoding",
-        "generate_stream": "specdec.decoding",
-        "GenerationResult": "specdec.decoding",
-        "SamplingConfig": "specdec.sampling",
+        "generate": "specdec.core.loop",
+        "generate_stream": "specdec.core.loop",
+        "GenerationResult": "specdec.core.result",
+        "SamplingConfig": "specdec.core.sampling",
     }
 )
 

@@ -6,7 +6,7 @@
     for piece in pair.stream("Explain RAII", system="Be brief.", temperature=0.7, seed=1):
         print(piece, end="", flush=True)
 
-Everything here is a thin layer over ``specdec.pairs`` (loading) and ``specdec.decoding``
+Everything here is a thin layer over ``specdec.pairs`` (loading) and ``specdec.core``
 (the loop); the lower layers stay available for token-level work.
 """
 
@@ -18,15 +18,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from specdec.configuration import MACHINE_DEFAULT, Configuration, measured_costs, resolve
-from specdec.decoding import (
-    Generation,
-    GenerationResult,
-    RoundEvent,
-    as_drafter,
-    generate_stream,
-)
-from specdec.detokenize import IncrementalDecoder
-from specdec.drafters.base import Drafter
+from specdec.core.detokenize import IncrementalDecoder
+from specdec.core.drafter import Drafter
+from specdec.core.loop import Generation, as_drafter, generate_stream
+from specdec.core.policy import FixedK, KPolicy, capped_adaptive_k
+from specdec.core.result import GenerationResult, Round
+from specdec.core.stops import StopMatcher
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.errors import ConfigError
@@ -37,12 +34,11 @@ from specdec.pairs import (
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
     PLANNED_K,
+    ModelOptions,
     load_pair,
 )
-from specdec.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.prompting import Message, check_text, encode_request, encode_text
-from specdec.sampling import SamplingConfig
-from specdec.stops import StopMatcher, check_stops
+from specdec.request import GenerationRequest, make_request
 from specdec.theory import Costs
 
 if TYPE_CHECKING:
@@ -148,10 +144,10 @@ class Comparison:
 @dataclasses.dataclass
 class TextDelta:
     """The text one round added (possibly "": a character or a stop string is incomplete) and
-    the round's event (None for the text released when the generation ends)."""
+    the round (None for the text released when the generation ends)."""
 
     text: str
-    event: RoundEvent | None
+    round: Round | None
 
 
 class TextStream:
@@ -180,12 +176,12 @@ class TextStream:
                 yield delta.text
 
     def deltas(self) -> Iterator[TextDelta]:
-        for event in self.generation:
-            shown = [t for t in event.tokens if t not in self._hidden]
+        for rnd in self.generation:
+            shown = [t for t in rnd.tokens if t not in self._hidden]
             piece = self._shown(self._stops.push(self._decoder.push(shown)))
             if self._stops.stopped:
                 self.generation.stop("stop")  # no further round runs
-            yield TextDelta(piece, event)
+            yield TextDelta(piece, rnd)
         tail = "" if self._stops.stopped else self._stops.push(self._decoder.flush())
         tail = self._shown(tail + self._stops.flush())
         if tail:
@@ -213,26 +209,28 @@ class TextStream:
         return self.completion
 
 
-def check_request(
-    *,
-    k: int | None,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int,
-    top_p: float,
-    stop: str | Sequence[str] | None,
-) -> tuple[SamplingConfig, tuple[str, ...]]:
-    """The checks of a generation request's arguments (``Pair.stream``; the command line calls
-    it before loading anything): the sampling settings and the stop strings, or a
-    ``ConfigError`` naming the bad one."""
-    if k is not None and k < 0:
-        raise ConfigError(f"k must be >= 0, got {k}")
-    if max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    return SamplingConfig(temperature, top_k, top_p), tuple(check_stops(stop))
-
-
 _P = ParamSpec("_P")
+
+
+def _streaming(
+    make: Callable[_P, GenerationRequest],
+) -> Callable[Concatenate[Pair, _P], TextStream]:
+    """``Pair.stream``: the parameters of ``make_request`` by construction (written once),
+    the request it makes started by ``Pair.stream_request``."""
+
+    def stream(self: Pair, *args: _P.args, **kwargs: _P.kwargs) -> TextStream:
+        return self.stream_request(make(*args, **kwargs))
+
+    stream.__doc__ = (
+        "Start a generation; iterate the returned ``TextStream`` for text pieces. The "
+        "arguments are those of ``specdec.request.make_request``:\n\n" + (make.__doc__ or "")
+    )
+    signature = inspect.signature(make)
+    own = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    stream.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[own, *signature.parameters.values()], return_annotation="TextStream"
+    )
+    return stream
 
 
 class Pair:
@@ -299,96 +297,41 @@ class Pair:
     ) -> list[int]:
         """Prompt text and/or chat messages -> token ids; chat by default (the target's chat
         template when it has one, raw text otherwise). See ``stream`` for the arguments."""
-        if raw and chat:
-            raise ConfigError("raw=True and chat=True contradict each other")
-        return encode_request(
-            self.target,
+        request = make_request(
             prompt,
             messages=messages,
             system=system,
-            chat=False if raw else chat,
+            raw=raw,
+            chat=chat,
             parse_special=parse_special,
         )
+        return self.prompt_ids(request)
 
-    def stream(
-        self,
-        prompt: str | Sequence[int] | None = None,
-        *,
-        messages: Sequence[Message] | None = None,
-        system: str | None = None,
-        raw: bool = False,
-        max_new_tokens: int = 128,
-        k: int | None = None,
-        adaptive: bool = False,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        chat: bool | None = None,
-        stop_on_eos: bool = True,
-        stop: str | Sequence[str] | None = None,
-        prediction: str | Sequence[int] | None = None,
-        parse_special: bool = False,
-    ) -> TextStream:
-        """Start a generation; iterate the returned ``TextStream`` for text pieces.
-
-        prompt:         text, or token ids (used as they are); with a chat template the
-                        text is the last user turn (chat by default).
-        messages:       earlier chat turns, a list of {"role", "content"} (roles system,
-                        user, assistant, tool); needs a model with a chat template.
-        system:         a system prompt (needs a model with a chat template).
-        raw:            the text as it is, without the chat template.
-        max_new_tokens: the most tokens to generate (>= 1).
-        k:              drafts per round (0 = plain decoding; the maximum with adaptive);
-                        None: the profile's adaptive choice for an auto pair, else 6.
-        adaptive:       choose K each round from the measured acceptance and costs.
-        temperature:    0 = greedy (the target's own argmax output); > 0 samples.
-        top_k, top_p:   truncation (0 and 1 disable), applied to draft and target alike.
-        seed:           fixes the sampled output (same seed, same output).
-        chat:           None (default): the chat template when the target has one, raw
-                        text otherwise; True: require the template; False: same as raw.
-        stop_on_eos:    stop at the end-of-sequence token.
-        stop:           stop strings (one or several): the text ends right before the first
-                        occurrence of any of them, even across tokens and rounds.
-        prediction:     the output you expect, or most of it (OpenAI's Predicted Outputs: the
-                        code being edited, a document being revised), as text or token ids.
-                        It is drafted from where the output stands in it (re-synchronised
-                        after the model inserts, deletes or changes text; the pair's own
-                        drafter drafts elsewhere), so the output is exactly what it would be
-                        without it: only the speed changes. ``result.prediction_tokens()``
-                        (and ``stats``) count accepted / rejected prediction tokens. K caps
-                        each draft (default 64; the drafts are sized by the target's measured
-                        verify cost below it); k=0 ignores the prediction.
-        parse_special:  read special-token text (such as ``<|im_end|>``) inside the text
-                        given (the prompt, the messages, the prediction) as special tokens;
-                        by default all of it is text, so a message cannot end its turn or
-                        open another, and a raw prompt or a prediction cannot forge one.
-        """
-        sampling, stops = check_request(
-            k=k,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            stop=stop,
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt as token ids (token ids as they are; text and messages
+        through the chat template when there is one, or as raw text)."""
+        if request.prompt is not None and not isinstance(request.prompt, str):
+            return list(request.prompt)
+        return encode_request(
+            self.target,
+            request.prompt,
+            messages=request.messages,
+            system=request.system,
+            chat=request.chat,
+            parse_special=request.parse_special,
         )
-        if prompt is None or isinstance(prompt, str):
-            ids = self.encode(
-                prompt,
-                messages=messages,
-                system=system,
-                raw=raw,
-                chat=chat,
-                parse_special=parse_special,
-            )
-        elif messages is not None or system is not None:
-            raise ConfigError("token ids are used as they are: no messages or system prompt")
-        else:
-            ids = [int(t) for t in prompt]
+
+    stream = _streaming(make_request)
+
+    def stream_request(self, request: GenerationRequest) -> TextStream:
+        """Start the generation of a checked request (``specdec.request.make_request``: the
+        arguments of ``stream``); iterate the returned ``TextStream`` for text pieces."""
+        ids = self.prompt_ids(request)
+        k, prediction, max_new_tokens = request.k, request.prediction, request.max_new_tokens
         policy: KPolicy
         drafter: CausalLM | Drafter | None = self.draft
         if prediction is not None:
-            drafter = self.prediction_drafter(prediction, parse_special=parse_special)
+            drafter = self.prediction_drafter(prediction, parse_special=request.parse_special)
         if k is None and self.auto is not None and prediction is None:
             policy = self.auto.policy()
         else:
@@ -397,7 +340,7 @@ class Pair:
                 k = PLANNED_K if planned else DEFAULT_K
             policy = (
                 capped_adaptive_k(k, max_new_tokens, self.target.n_ctx)
-                if adaptive and k > 0
+                if request.adaptive and k > 0
                 else FixedK(k)
             )
         plain = isinstance(policy, FixedK) and policy.k == 0  # no draft prefill either
@@ -407,12 +350,13 @@ class Pair:
             ids,
             max_new_tokens=max_new_tokens,
             k=policy,
-            sampling=sampling,
-            seed=seed,
-            stop_on_eos=stop_on_eos,
+            sampling=request.sampling,
+            seed=request.seed,
+            stop_on_eos=request.stop_on_eos,
         )
-        hidden = self.target.eos_token_ids if stop_on_eos else frozenset()
-        return TextStream(generation, IncrementalDecoder(self.target.tokenizer), stops, hidden)
+        hidden = self.target.eos_token_ids if request.stop_on_eos else frozenset()
+        decoder = IncrementalDecoder(self.target.tokenizer)
+        return TextStream(generation, decoder, request.stops, hidden)
 
     def _drained(  # type: ignore[misc]
         stream: Callable[Concatenate[Pair, _P], TextStream],
@@ -441,15 +385,22 @@ class Pair:
         **options: Any,
     ) -> Comparison:
         """The same request (``stream``'s arguments) decoded plainly (k=0), then with ``k``
-        (None: the pair's configuration), after a short warm-up of both paths so that
-        neither pays for one-time set-up; ``on_text`` gets the speculative run's text as it
-        streams."""
-        warm = {**options, "max_new_tokens": min(8, int(options.get("max_new_tokens", 128)))}
-        for k_warm in (0, k):
-            self.generate(prompt, k=k_warm, **warm)
-        plain = self.generate(prompt, k=0, **options)
-        speculative = self.stream(prompt, k=k, **options).run(on_text)
-        return Comparison(plain, speculative, float(options.get("temperature", 0)) == 0)
+        (None: the pair's configuration): ``compare_request``."""
+        return self.compare_request(make_request(prompt, k=k, **options), on_text=on_text)
+
+    def compare_request(
+        self, request: GenerationRequest, *, on_text: Callable[[str], None] | None = None
+    ) -> Comparison:
+        """A checked request decoded plainly (k=0), then as asked, after a short warm-up of
+        both paths so that neither pays for one-time set-up; ``on_text`` gets the
+        speculative run's text as it streams."""
+        request = request.with_prompt_ids(self.prompt_ids(request))  # encoded once
+        warm = dataclasses.replace(request, max_new_tokens=min(8, request.max_new_tokens))
+        for k_warm in (0, request.k):
+            self.stream_request(dataclasses.replace(warm, k=k_warm)).run()
+        plain = self.stream_request(dataclasses.replace(request, k=0)).run()
+        speculative = self.stream_request(request).run(on_text)
+        return Comparison(plain, speculative, request.sampling.greedy)
 
     def speculates(self, k: int | None = None, prediction: object = None) -> bool:
         """Whether a request with this ``k`` (None: the configuration's) would draft at all."""
@@ -515,9 +466,7 @@ def load(
     log:             hears about a profile that ``auto`` runs first, and when the target's
                      costs are measured (for a planned drafter, or a request's prediction).
     """
-    config = resolve(  # what to run, and why
-        target,
-        draft,
+    options = ModelOptions(
         target_backend=target_backend,
         draft_backend=draft_backend,
         device=device,
@@ -526,9 +475,39 @@ def load(
         draft_dtype=draft_dtype,
         n_ctx=n_ctx,
         n_threads=n_threads,
+        exact=exact,
+    )
+    return load_with(
+        target,
+        draft,
+        options,
         auto=auto,
         draft_window=draft_window,
-        exact=exact,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        log=log,
+    )
+
+
+def load_with(
+    target: str,
+    draft: str | None,
+    options: ModelOptions,
+    *,
+    auto: bool = False,
+    draft_window: int | None = None,
+    prompt_tokens: int | None = None,
+    new_tokens: int = 128,
+    log: Callable[[str], None] = lambda _: None,
+) -> Pair:
+    """``load`` with the model keywords as one ``pairs.ModelOptions`` (the command line
+    builds it from its flags): resolve -> load_pair -> Pair."""
+    config = resolve(  # what to run, and why
+        target,
+        draft,
+        options,
+        auto=auto,
+        draft_window=draft_window,
         prompt_tokens=prompt_tokens,
         new_tokens=new_tokens,
         log=log,

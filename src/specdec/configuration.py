@@ -13,18 +13,17 @@ cost-aware suffix drafter on the target's own backend.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from specdec.errors import ConfigError
 from specdec.models.loader import ModelConfig
 from specdec.pairs import (
     DEFAULT_DRAFT,
-    DEFAULT_DRAFT_BACKEND,
     DEFAULT_TARGET,
-    DEFAULT_TARGET_BACKEND,
     CostProvider,
     DraftRef,
+    ModelOptions,
     draft_label,
     model_refs,
 )
@@ -81,25 +80,21 @@ def measured_costs(cfg: ModelConfig, target: CausalLM, log: Log = lambda _: None
 def resolve(
     target: str = DEFAULT_TARGET,
     draft: str | None = MACHINE_DEFAULT,
+    options: ModelOptions = ModelOptions(),  # noqa: B008 (frozen)
     *,
-    target_backend: str = DEFAULT_TARGET_BACKEND,
-    draft_backend: str = DEFAULT_DRAFT_BACKEND,
-    device: str = "auto",
-    dtype: str = "auto",
-    draft_device: str | None = None,
-    draft_dtype: str | None = None,
-    n_ctx: int = 4096,
-    n_threads: int | None = None,
     auto: bool = False,
     draft_window: int | None = None,
-    exact: bool | None = None,
     prompt_tokens: int | None = None,
     new_tokens: int = 128,
     log: Log = lambda _: None,
 ) -> Configuration:
     """The configuration to load (see ``specdec.load`` for the arguments). ``prompt_tokens``
     and ``new_tokens`` size the request when the profile chooses (a prompt much longer than
-    the probe's re-ranks its choices); ``log`` hears about a profile run by ``auto``."""
+    the probe's re-ranks its choices); ``log`` hears about a profile run by ``auto``. What the
+    profile decides (the drafter, the target's backend, ``options.exact`` None) is decided
+    here and nowhere else."""
+    target_backend, exact = options.target_backend, options.exact
+    draft_backend, n_ctx, n_threads = options.draft_backend, options.n_ctx, options.n_threads
     if draft_window is not None and (auto or draft == MACHINE_DEFAULT):
         raise ConfigError(
             "a draft window needs a named draft model; the machine default and auto choose "
@@ -143,17 +138,6 @@ def resolve(
     from specdec.profiler.target_costs import cost_provider
 
     costs = cost_provider(draft, choice.costs if choice else None, exact=exact, log=log)
-    draft_ref, target_cfg = model_refs(
-        target,
-        draft,
-        target_backend=target_backend,
-        draft_backend=draft_backend,
-        device=device,
-        dtype=dtype,
-        draft_device=draft_device,
-        draft_dtype=draft_dtype,
-        n_ctx=n_ctx,
-        n_threads=n_threads,
-        exact=exact,
-    )
+    decided = replace(options, target_backend=target_backend, exact=exact)
+    draft_ref, target_cfg = model_refs(target, draft, decided)
     return Configuration(target_cfg, draft_ref, draft_window, choice, how, costs)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specdec.jsonable import json_ready
+from specdec.util.jsonable import json_ready
 
 # the flags that decide which llama.cpp / torch kernels a CPU can run
 SIMD_PREFIXES = ("sse", "ssse", "avx", "amx", "fma", "f16c", "bmi", "neon", "asimd", "sve")
@@ -110,7 +110,7 @@ def _profiles() -> dict[str, Any]:
 def gather(*, check: Path | None = None) -> dict[str, Any]:
     """The report as a JSON-ready dict; ``check`` runs (or reads) the kernel check of a GGUF."""
     from specdec import __version__
-    from specdec.machine import all_cpu_flags, machine_info, package_versions
+    from specdec.util.machine import all_cpu_flags, machine_info, package_versions
 
     flags = all_cpu_flags()
     report: dict[str, Any] = {
@@ -156,7 +156,7 @@ def _verdict_line(v: dict[str, Any]) -> str:
 def format_report(r: dict[str, Any]) -> str:
     """The one-screen text of ``gather``'s dict (every line escaped: cached verdicts and
     llama.cpp's own strings are read from files)."""
-    from specdec.printable import printable
+    from specdec.util.printable import printable
 
     return "\n".join(printable(line) for line in _lines(r))
 

@@ -16,7 +16,7 @@ A draft reference is one of
 On the command line, ``hybrid:MODEL`` names a hybrid with that draft model.
 
 A draft window (``load_pair(..., draft_window=W)``) makes the draft model (alone or behind a
-hybrid) see only the last W tokens of the context (``drafters.model``): its prefill stops
+hybrid) see only the last W tokens of the context (``core.model_drafter``): its prefill stops
 costing a long prompt's length, and the pair's context is bounded by the target alone.
 """
 
@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specdec.decoding import context_limit
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import context_limit
+from specdec.core.model_drafter import ModelDrafter, check_window
 from specdec.drafters.hybrid import HybridDrafter
-from specdec.drafters.model import ModelDrafter, check_window
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter, planned_suffix
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
@@ -52,6 +52,24 @@ HYBRID_PREFIX = "hybrid:"
 PLANNED = "planned"
 PLANNED_K = 64  # the default cap on a planned draft (the planner picks the length below it)
 DEFAULT_K = 6  # drafts per round when a drafter is named but no K
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How the models are run: the model keywords of ``specdec.load`` and the command line's
+    model flags, written once. ``draft_device`` / ``draft_dtype`` None: the target's.
+    ``exact`` None: the profile decides, which ``configuration.resolve`` settles before the
+    models are named (``model_refs`` takes a decided one)."""
+
+    target_backend: str = DEFAULT_TARGET_BACKEND
+    draft_backend: str = DEFAULT_DRAFT_BACKEND
+    device: str = "auto"
+    dtype: str = "auto"
+    draft_device: str | None = None
+    draft_dtype: str | None = None
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    exact: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -82,32 +100,26 @@ def is_planned(ref: object) -> bool:
 
 
 def model_refs(
-    target: str,
-    draft: str | None,
-    *,
-    target_backend: str = DEFAULT_TARGET_BACKEND,
-    draft_backend: str = DEFAULT_DRAFT_BACKEND,
-    device: str = "auto",
-    dtype: str = "auto",
-    draft_device: str | None = None,
-    draft_dtype: str | None = None,
-    n_ctx: int = 4096,
-    n_threads: int | None = None,
-    exact: bool = False,
+    target: str, draft: str | None, options: ModelOptions
 ) -> tuple[DraftRef, ModelConfig]:
     """(draft reference, target config) from model references: a model-free drafter stays a
     string ("none" for None), ``hybrid:MODEL`` becomes a ``HybridRef``, anything else a
-    draft model's ``ModelConfig`` (which never runs exact numerics: a draft only proposes)."""
-    target_cfg = ModelConfig(target, target_backend, device, dtype, n_ctx, n_threads, exact)
+    draft model's ``ModelConfig`` (which never runs exact numerics: a draft only proposes).
+    ``options.exact`` must be decided (True or False)."""
+    o = options
+    assert o.exact is not None, "exact None (the profile decides) is settled by resolve"
+    target_cfg = ModelConfig(
+        target, o.target_backend, o.device, o.dtype, o.n_ctx, o.n_threads, o.exact
+    )
     if draft is None or is_model_free(draft):
         return draft or "none", target_cfg
     model = ModelConfig(
         draft.removeprefix(HYBRID_PREFIX),
-        draft_backend,
-        draft_device or device,
-        draft_dtype or dtype,
-        n_ctx,
-        n_threads,
+        o.draft_backend,
+        o.draft_device or o.device,
+        o.draft_dtype or o.dtype,
+        o.n_ctx,
+        o.n_threads,
     )
     return (HybridRef(model) if draft.startswith(HYBRID_PREFIX) else model), target_cfg
 

@@ -40,7 +40,7 @@ from importlib import resources
 from pathlib import Path
 
 from specdec.errors import ConfigError
-from specdec.textfiles import parse_json, read_text
+from specdec.util.textfiles import parse_json, read_text
 
 MT_BENCH_SUBCATEGORIES = (
     "writing",

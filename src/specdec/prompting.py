@@ -26,7 +26,7 @@ from typing import Any
 
 from specdec.errors import ConfigError, EmptyPromptError
 from specdec.models.base import CausalLM
-from specdec.textfiles import parse_json, read_text
+from specdec.util.textfiles import parse_json, read_text
 
 ROLES = ("system", "user", "assistant", "tool")
 

@@ -9,6 +9,6 @@ Layout (one job per module):
   results   the JSONL file: writer, tolerant reader
   analysis  speedups with bootstrap CIs, pooled acceptance, verdicts
   plots     PNG figures;  report  the markdown report
-The prompt sets (``specdec.prompt_sets``) and machine facts (``specdec.machine``) sit below
+The prompt sets (``specdec.prompt_sets``) and machine facts (``specdec.util.machine``) sit below
 the public API, so that loading a pair never imports a measurement tool.
 """

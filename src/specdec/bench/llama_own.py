@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.decoding import GenerationResult
+from specdec.core.result import GenerationResult
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec.bench.configs import BenchConfig, default_matrix, quick_matrix
-from specdec.bounds import check_range, check_seed
+from specdec.core.sampling import SamplingConfig
 from specdec.errors import ConfigError
 from specdec.prompt_sets import SPEC_BENCH_CATEGORIES, Prompt
-from specdec.sampling import SamplingConfig
+from specdec.util.bounds import check_range, check_seed
 
 MODES: dict[str, SamplingConfig] = {
     "greedy": SamplingConfig(temperature=0.0),

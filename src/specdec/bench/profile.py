@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
 from specdec.models.base import CausalLM
 from specdec.profiler.passes import (
     Clock,

@@ -22,7 +22,7 @@ from typing import Any
 
 from specdec.bench.record_types import record_problem
 from specdec.errors import ConfigError
-from specdec.textfiles import loads_or_none, read_bytes, require_regular
+from specdec.util.textfiles import loads_or_none, read_bytes, require_regular
 
 MAX_RESULTS_BYTES = 1 << 30  # a results file (a long sweep writes tens of MB)
 

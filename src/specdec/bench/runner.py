@@ -31,16 +31,15 @@ from specdec.bench.configs import BenchConfig
 from specdec.bench.plan import MODES, BenchPlan, Measurement, config_ks, measurements
 from specdec.bench.profile import profile_config
 from specdec.bench.results import SCHEMA_VERSION, Results, ResultsWriter, open_for_append
-from specdec.credentials import redact_argv
-from specdec.decoding import GenerationResult, as_drafter, generate
+from specdec.core.drafter import Drafter
+from specdec.core.loop import as_drafter, generate
+from specdec.core.model_drafter import ModelDrafter
+from specdec.core.result import GenerationResult
 from specdec.drafters import NgramDrafter
-from specdec.drafters.base import Drafter
-from specdec.drafters.model import ModelDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError, SpecdecError
-from specdec.machine import git_commit, machine_info, package_versions
 from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
 from specdec.pairs import (
@@ -56,6 +55,8 @@ from specdec.pairs import (
 from specdec.prompt_sets import Prompt, select_prompts
 from specdec.prompting import encode_prompt
 from specdec.theory import Costs
+from specdec.util.credentials import redact_argv
+from specdec.util.machine import git_commit, machine_info, package_versions
 
 Hook = Callable[[dict[str, Any]], None]
 Log = Callable[[str], None]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
 from specdec.models.base import CausalLM
 
 from .plan import make_plan

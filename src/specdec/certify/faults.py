@@ -2,7 +2,7 @@
 nothing). Used by the tests and by ``specdec certify --inject-fault``.
 
 Walk faults (``injected_fault(name)`` temporarily replaces one function of
-``specdec.rejection``; the real walk then misbehaves everywhere it is used):
+``specdec.core.rejection``; the real walk then misbehaves everywhere it is used):
 - ``residual-is-p``: after a rejection, sample from p instead of norm(max(0, p - q));
 - ``always-accept``: every draft token is accepted;
 - ``residual-is-p-after-first-round``: residual-is-p, but only from the second round of each
@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec import rejection
-from specdec.drafters.base import Draft, Drafter
-from specdec.drafters.model import ModelDrafter
+from specdec.core import rejection
+from specdec.core.drafter import Draft, Drafter
+from specdec.core.model_drafter import ModelDrafter
+from specdec.core.sampling import SamplingConfig
 from specdec.errors import ConfigError
 from specdec.models.base import (
     CausalLM,
@@ -46,7 +47,6 @@ from specdec.models.base import (
     extend_last,
 )
 from specdec.models.wrapped import WrappedLM
-from specdec.sampling import SamplingConfig
 
 
 def _residual_is_p(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -93,7 +93,7 @@ ALL_FAULTS = (*FAULTS, *BACKEND_FAULTS, *CONTROLS)
 
 @contextmanager
 def injected_fault(name: str | None) -> Iterator[None]:
-    """Within the block, ``specdec.rejection`` has the named walk fault (None, a backend
+    """Within the block, ``specdec.core.rejection`` has the named walk fault (None, a backend
     fault or a control: nothing is patched; ``fault_models`` wraps the models instead)."""
     if name is None or name in BACKEND_FAULTS or name in CONTROLS:
         yield

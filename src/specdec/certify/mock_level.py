@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.decoding import generate, generate_stream
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import generate, generate_stream
+from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.models.mock import MockLM, mock_pair
-from specdec.sampling import SamplingConfig, logits_to_probs
 from specdec.theory import Costs
 
 from .common import FAIL, PASS, fmt

@@ -31,11 +31,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specdec.decoding import RoundStats, generate
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import generate
+from specdec.core.result import Round
+from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.models.base import CausalLM, extend_last
 from specdec.models.wrapped import WrappedLM
-from specdec.sampling import SamplingConfig, logits_to_probs
 
 from .stats.pit import draw_v, pit_in_chunks
 
@@ -54,7 +55,7 @@ def replay_rows(
     target: CausalLM,
     prompt: Sequence[int],
     tokens: Sequence[int],
-    rounds: Sequence[RoundStats],
+    rounds: Sequence[Round],
     upto: int | None = None,
 ) -> torch.Tensor:
     """The target's rows [n, V] for the generated positions 0..n-1 (n = len(tokens), or
@@ -121,7 +122,7 @@ def recorded_rows(
     passes: Sequence[tuple[int, list[int], torch.Tensor]],
     prompt: Sequence[int],
     tokens: Sequence[int],
-    rounds: Sequence[RoundStats],
+    rounds: Sequence[Round],
 ) -> tuple[torch.Tensor, bool]:
     """The rows [n, V] the run verified against for the generated positions 0..n-1, taken
     from the recorded passes (one per round, the last len(rounds) ones), and whether every

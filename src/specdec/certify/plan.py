@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from specdec.bounds import check_scale
 from specdec.errors import ConfigError
+from specdec.util.bounds import check_scale
 
 from .mock_level import Level2Config
 from .real import Level3Config

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from specdec import jsonbound
 from specdec.errors import ConfigError
-from specdec.textfiles import read_bytes
+from specdec.util import jsonbound
+from specdec.util.textfiles import read_bytes
 
 MAX_PROGRESS_BYTES = 1 << 30  # a full certificate writes a few MB
 T = TypeVar("T")

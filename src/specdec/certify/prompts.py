@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdec.errors import ConfigError
-from specdec.textfiles import parse_json, read_text
+from specdec.util.textfiles import parse_json, read_text
 
 BUILTIN = "builtin"
 SPEC_BENCH = "spec_bench"

@@ -39,11 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.decoding import GenerationResult, as_drafter, generate
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import as_drafter, generate
+from specdec.core.result import GenerationResult
+from specdec.core.sampling import SamplingConfig
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.models.base import CausalLM
-from specdec.sampling import SamplingConfig
 
 from .common import FAIL, PASS, WARN, first_difference, fmt, worst
 from .invariance import InvarianceResult, batch_invariance

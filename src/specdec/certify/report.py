@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdec.jsonable import json_ready
+from specdec.util.jsonable import json_ready
 
 from .common import FAIL, PASS, SKIPPED, WARN, fmt, worst_status
 from .invariance import InvarianceResult

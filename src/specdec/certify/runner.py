@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec import __version__
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdec.sampling import make_generator
+from specdec.core.sampling import make_generator
 
 
 def derive_seed(base: int, *labels: object) -> int:

@@ -12,7 +12,7 @@ ordinary sample from the target's row for its own context — no accept/reject w
 involved — and the target is scored in the speculative path's shapes. With greedy sampling
 it emits exactly what the speculative loop emits (acceptance = argmax match), bit for bit.
 
-It is the decoding loop itself (``specdec.decoding.generate_stream``) with the
+It is the decoding loop itself (``specdec.core.loop.generate_stream``) with the
 ``exact_match_verifier`` in place of the accept/reject walk: the K clamp, EOS and length cuts,
 truncation and rollback are the same code.
 """
@@ -22,12 +22,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from specdec.decoding import generate_stream
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import generate_stream
+from specdec.core.sampling import SamplingConfig
+from specdec.core.verifiers import exact_match_verifier
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
-from specdec.sampling import SamplingConfig
-from specdec.verifiers import exact_match_verifier
 
 from .seeds import derive_seed
 
@@ -70,7 +70,7 @@ def shape_matched_stream(
         verifier=exact_match_verifier,
         draft_seed=derive_seed(seed, "shape-matched-draft"),
     )
-    return (ShapeRound(ev.stats.k, ev.stats.n_accepted, ev.tokens) for ev in run)
+    return (ShapeRound(r.k, r.n_accepted, r.tokens) for r in run)
 
 
 def shape_matched_generate(

@@ -6,7 +6,7 @@ prefix a of j accepted drafts, P(prefix a, token j + 1 = b) = P(prefix a) * p_{j
 
 - Exact part (small vocabularies): the exact output distribution OF THE IMPLEMENTATION,
   obtained by running the very same walk code on an enumerating random source
-  (``specdec.rejection.enumerate_outcomes``); reported: the largest deviation from the claim
+  (``specdec.core.rejection.enumerate_outcomes``); reported: the largest deviation from the claim
   and the mass-weighted TV between each conditional next-token row and p. Threshold: 1e-6
   (float32 inputs, float64 arithmetic).
 - Monte Carlo part (larger vocabularies): independent rounds (the unit), and for each
@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec import rejection
-from specdec.rejection import RandomSource, TorchRandom, enumerate_outcomes
-from specdec.sampling import SamplingConfig, logits_to_probs
+from specdec.core import rejection
+from specdec.core.rejection import RandomSource, TorchRandom, enumerate_outcomes
+from specdec.core.sampling import SamplingConfig, logits_to_probs
 
 from .common import FAIL, PASS, fmt
 from .common import worst as worst_of
@@ -64,7 +64,7 @@ KINDS: tuple[str, ...] = (
 def default_walk(
     p: torch.Tensor, q: torch.Tensor | None, drafts: torch.Tensor, rng: RandomSource
 ) -> tuple[int, int]:
-    """``specdec.rejection.walk``, looked up at call time (so injected faults apply)."""
+    """``specdec.core.rejection.walk``, looked up at call time (so injected faults apply)."""
     return rejection.walk(p, q, drafts, rng)
 
 

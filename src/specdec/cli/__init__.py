@@ -17,7 +17,7 @@ from typing import Any
 
 from specdec import __version__
 from specdec.errors import SpecdecError
-from specdec.printable import MAX_ERROR_CHARS, printable
+from specdec.util.printable import MAX_ERROR_CHARS, printable
 
 # name -> (module, one-line help shown by `specdec --help` without importing the module)
 COMMANDS: Mapping[str, tuple[str, str]] = MappingProxyType(

@@ -15,8 +15,8 @@ from specdec.cli.common import parse_int_list
 from specdec.cli.endpoint import add_bench_args as add_endpoint_args
 from specdec.cli.endpoint import run_bench as run_endpoint_bench
 from specdec.errors import ConfigError
-from specdec.printable import printable
 from specdec.prompt_sets import select_prompts
+from specdec.util.printable import printable
 
 DEFAULT_OUT = "runs/bench.jsonl"
 QUICK_OUT = "runs/bench-quick.jsonl"

@@ -12,7 +12,7 @@ from specdec.cli.common import add_model_args, check_common, model_configs, quie
 from specdec.cli.endpoint import add_certify_args as add_endpoint_args
 from specdec.cli.endpoint import run_certify as run_endpoint_certify
 from specdec.errors import ConfigError
-from specdec.printable import printable
+from specdec.util.printable import printable
 
 # specdec.certify.faults.ALL_FAULTS (not imported here: it pulls in torch at CLI start-up;
 # a test checks that the two agree)

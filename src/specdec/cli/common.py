@@ -7,7 +7,6 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from specdec.bounds import MAX_LIST, check_n_ctx, check_seed, check_threads
 from specdec.configuration import MACHINE_DEFAULT
 from specdec.errors import ConfigError
 from specdec.models.loader import BACKENDS, DEVICES, DTYPES, ModelConfig
@@ -18,10 +17,11 @@ from specdec.pairs import (
     DEFAULT_TARGET,
     DEFAULT_TARGET_BACKEND,
     DraftRef,
+    ModelOptions,
     model_refs,
 )
-from specdec.printable import printable
-from specdec.sampling import SamplingConfig
+from specdec.util.bounds import MAX_LIST, check_n_ctx, check_seed, check_threads
+from specdec.util.printable import printable
 
 if TYPE_CHECKING:
     from specdec.api import Pair
@@ -167,7 +167,7 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
 
 
 def check_common(args: argparse.Namespace) -> None:
-    """Bounds of the shared numeric flags, before anything is loaded (specdec.bounds: the
+    """Bounds of the shared numeric flags, before anything is loaded (specdec.util.bounds: the
     same rules for every subcommand; a subcommand's default of None is not checked), and
     flags given both ways (``check_contradictions``)."""
     check_contradictions(args)
@@ -195,45 +195,44 @@ def check_draft_window(args: argparse.Namespace) -> None:
         raise ConfigError("--draft-window names a draft model; --auto chooses the drafter itself")
 
 
-def _model_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The model flags as the keyword arguments that ``model_refs`` and ``specdec.load``
-    share (the target's device and dtype fall back to the common ones); ``exact`` is not
-    among them: None means "the profile decides" to ``load`` but not to ``model_refs``."""
-    return {
-        "target_backend": args.target_backend,
-        "draft_backend": args.draft_backend,
-        "device": args.target_device or args.device,
-        "dtype": args.target_dtype or args.dtype,
-        "draft_device": args.draft_device,
-        "draft_dtype": args.draft_dtype,
-        "n_ctx": args.n_ctx,
-        "n_threads": args.threads,
-    }
+def model_options(args: argparse.Namespace, exact: bool | None) -> ModelOptions:
+    """The model flags as one ``ModelOptions`` (the target's device and dtype fall back to
+    the common ones); ``exact`` None lets the profile decide (``specdec.load`` only)."""
+    return ModelOptions(
+        target_backend=args.target_backend,
+        draft_backend=args.draft_backend,
+        device=args.target_device or args.device,
+        dtype=args.target_dtype or args.dtype,
+        draft_device=args.draft_device,
+        draft_dtype=args.draft_dtype,
+        n_ctx=args.n_ctx,
+        n_threads=args.threads,
+        exact=exact,
+    )
 
 
 def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
     """The named draft and target of the command line (``pairs.model_refs``), for
     the commands that load exactly what they are told (certify)."""
     exact = bool(getattr(args, "exact", False))
-    return model_refs(args.target, args.draft, **_model_options(args), exact=exact)
+    return model_refs(args.target, args.draft, model_options(args, exact))
 
 
 def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
     """``specdec.load`` with the command line's model options (``generate``, ``serve``);
     says on stderr what the profile or the machine default chose, and why. ``hints``:
     ``prompt_tokens`` / ``new_tokens`` for the choice of configuration."""
-    from specdec.api import load
+    from specdec.api import load_with
 
-    draft = draft_reference(args)
-    options = {**_model_options(args), **hints}  # hints: prompt_tokens, new_tokens
-    pair = load(
+    draft, options = draft_reference(args), model_options(args, args.exact)
+    pair = load_with(
         args.target,
         draft,
-        **options,
+        options,
         auto=args.auto,
         draft_window=args.draft_window,
-        exact=args.exact,
         log=lambda m: print(f"[specdec] {printable(m)}", file=sys.stderr),
+        **hints,  # prompt_tokens, new_tokens
     )
     config = pair.config
     assert config is not None
@@ -274,10 +273,6 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, default=0, help="0 disables")
     g.add_argument("--top-p", type=float, default=1.0, help="in (0, 1]; 1 disables")
     g.add_argument("--seed", type=int, default=0)
-
-
-def sampling_config(args: argparse.Namespace) -> SamplingConfig:
-    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
 
 def quiet_libraries() -> None:

@@ -21,7 +21,7 @@ from specdec.cli import command_help
 from specdec.cli.common import check_common, quiet_libraries
 from specdec.errors import ConfigError
 from specdec.pairs import DEFAULT_TARGET
-from specdec.printable import printable
+from specdec.util.printable import printable
 
 if TYPE_CHECKING:
     from specdec.api import Comparison
@@ -45,9 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def verdict(target: str, n_threads: int | None) -> str:
     """One line: what the cached profile of this machine recommends and why."""
-    from specdec.machine import cpu_model
     from specdec.profiler.auto import auto_profile, choose
     from specdec.profiler.exact_price import ExactPrice
+    from specdec.util.machine import cpu_model
 
     result = auto_profile(
         target,

@@ -11,7 +11,7 @@ import shlex
 import sys
 from typing import Any
 
-from specdec.printable import printable
+from specdec.util.printable import printable
 
 BENCH_OUT = "runs/bench-endpoint.jsonl"
 DEFAULT_CONCURRENCY = "1,2,4,8"
@@ -178,9 +178,9 @@ def _precheck(args: argparse.Namespace) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from specdec.credentials import read_api_key, redact_url
     from specdec.endpoint.client import EndpointConfig
     from specdec.errors import ConfigError
+    from specdec.util.credentials import read_api_key, redact_url
 
     for flag, url in (("--endpoint", args.endpoint), ("--endpoint-off", args.endpoint_off)):
         if url and redact_url(url) != url:

@@ -21,7 +21,7 @@ from specdec.cli.common import (
 )
 from specdec.cli.inputs import read_inputs
 from specdec.errors import ConfigError
-from specdec.jsonable import json_ready
+from specdec.util.jsonable import json_ready
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -95,19 +95,15 @@ def run(args: argparse.Namespace) -> int:
         args, prompt_tokens=len(given.text) // 4, new_tokens=args.max_new_tokens
     )
     t_load = time.perf_counter() - t0
-    chat = True if args.chat else (False if args.raw else None)  # None: template if any
-    ids = pair.encode(
-        given.prompt, messages=given.messages, system=args.system, chat=chat,
-        parse_special=args.parse_special,
-    )  # fmt: skip
+    ids = pair.prompt_ids(given)
+    request = given.with_prompt_ids(ids)
     print(f"[specdec] loaded in {t_load:.1f} s; prompt {len(ids)} tokens", file=sys.stderr)
-    options = given.options
     show = None if args.json else _write
     config = pair.config
     assert config is not None
-    if args.compare and pair.speculates(args.k, given.prediction):
-        label = "prediction" if given.prediction else config.how or f"K={args.k}"
-        c = pair.compare(ids, k=args.k, on_text=show, **options)
+    if args.compare and pair.speculates(request.k, request.prediction):
+        label = "prediction" if request.prediction else config.how or f"K={args.k}"
+        c = pair.compare_request(request, on_text=show)
         if args.json:
             print(json.dumps(json_ready(c.to_dict()), allow_nan=False))
         else:
@@ -119,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         print("[specdec] --compare: what was chosen here is plain decoding: nothing to compare; "
               "name a drafter (--draft, -k) or give a --prediction", file=sys.stderr)  # fmt: skip
-    done = pair.stream(ids, k=args.k, **options).run(show)
+    done = pair.stream_request(request).run(show)
     if args.json:
         record = {**done.to_dict(), "load_seconds": t_load}
         if config.how:  # what the default / --auto chose, and why

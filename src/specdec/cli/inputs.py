@@ -1,48 +1,43 @@
 """What ``specdec generate`` is asked, read and checked before anything is loaded: the prompt
 (an argument, ``-p`` or standard input), earlier chat turns (``--messages``), the expected
-output (``--prediction``) and the decoding options (``api.check_request``'s checks). Files
-and standard input are read with a size bound (``specdec.textfiles``): an endless pipe or a
+output (``--prediction``) and the decoding options, as one checked ``GenerationRequest``
+(``specdec.request``: the request the pair generates, built here once). Files
+and standard input are read with a size bound (``specdec.util.textfiles``): an endless pipe or a
 device is an error, not a hang."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 from specdec.errors import ConfigError
-from specdec.prompting import Message, check_text, read_messages
-from specdec.textfiles import read_text
+from specdec.prompting import check_text, read_messages
+from specdec.util.textfiles import read_text
+
+if TYPE_CHECKING:
+    from specdec.request import GenerationRequest
 
 MAX_TEXT_FILE = 16 << 20  # bytes of a prompt or prediction read at most
 
 
-@dataclasses.dataclass(frozen=True)
-class Inputs:
-    prompt: str | None
-    messages: list[Message] | None
-    prediction: str | None
-    options: dict[str, Any]  # Pair.stream's keyword arguments, checked
+def read_inputs(args: argparse.Namespace) -> GenerationRequest:
+    """The prompt, messages, prediction and decoding options of the command line as one
+    request (the prompt as text: the pair encodes it once loaded), or one ConfigError."""
+    from specdec.request import make_request  # torch: not for --help
 
-    @property
-    def text(self) -> str:
-        """All the text given (for a size estimate before the tokenizer is loaded)."""
-        return self.prompt or "".join(m["content"] for m in self.messages or [])
-
-
-def read_inputs(args: argparse.Namespace) -> Inputs:
-    """The prompt, messages, prediction and decoding options of the command line, or one
-    ConfigError."""
-    from specdec.api import check_request  # torch: not for --help
-
-    request = {
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "stop": args.stop,
-    }
-    check_request(k=args.k, **request)
+    options = make_request(  # the decoding options, checked before any file is read
+        max_new_tokens=args.max_new_tokens,
+        k=args.k,
+        adaptive=args.adaptive,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop_on_eos=not args.no_stop,
+        stop=args.stop,
+        parse_special=args.parse_special,  # the prompt's, the messages' and the prediction's
+    )
     if args.prompt is not None and args.prompt_option is not None:
         raise ConfigError("give the prompt once: as the argument or with -p/--prompt")
     given = args.prompt if args.prompt is not None else args.prompt_option
@@ -64,12 +59,11 @@ def read_inputs(args: argparse.Namespace) -> Inputs:
     prediction = None
     if args.prediction is not None:
         prediction = read_text(args.prediction, "--prediction", MAX_TEXT_FILE)
-    options = {
-        **request,
-        "adaptive": args.adaptive,
-        "seed": args.seed,
-        "stop_on_eos": not args.no_stop,
-        "prediction": prediction,
-        "parse_special": args.parse_special,  # the prediction's text (the prompt's: encode)
-    }
-    return Inputs(prompt, messages, prediction, options)
+    return dataclasses.replace(
+        options,
+        prompt=prompt,
+        messages=None if messages is None else tuple(messages),
+        system=args.system,
+        chat=True if args.chat else (False if args.raw else None),  # None: template if any
+        prediction=prediction,
+    )

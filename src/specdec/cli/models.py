@@ -8,7 +8,7 @@ import sys
 from specdec import hub
 from specdec.cli import command_help
 from specdec.errors import ConfigError, ModelLoadError
-from specdec.printable import printable
+from specdec.util.printable import printable
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from specdec.cli import command_help
-from specdec.printable import printable
+from specdec.util.printable import printable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -151,8 +151,8 @@ def render(result: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.cli.common import check_common, quiet_libraries
-    from specdec.jsonable import json_ready
     from specdec.profiler.run import run_profile
+    from specdec.util.jsonable import json_ready
 
     check_common(args)  # --threads, --n-ctx: as generate checks them
     quiet_libraries()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specdec.cli import command_help
-from specdec.printable import printable
+from specdec.util.printable import printable
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -15,10 +15,10 @@ from specdec.cli.common import (
     load_from_args,
     quiet_libraries,
 )
-from specdec.credentials import API_KEY_ENV, read_api_key
 from specdec.errors import ConfigError
 from specdec.pairs import DEFAULT_K, release
-from specdec.printable import printable
+from specdec.util.credentials import API_KEY_ENV, read_api_key
+from specdec.util.printable import printable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,17 +85,10 @@ def _check(args: argparse.Namespace) -> None:
     check_common(args)
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
-    from specdec.api import check_request
+    from specdec.request import check_limits
 
     # K and the default length: the checks every generation request goes through
-    check_request(
-        k=args.k,
-        max_new_tokens=args.default_max_tokens,
-        temperature=0.0,
-        top_k=0,
-        top_p=1.0,
-        stop=None,
-    )
+    check_limits(k=args.k, max_new_tokens=args.default_max_tokens)
     if args.max_queue < 0:
         raise ConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.max_body_bytes < 1024:

@@ -1,7 +1,7 @@
-"""Drafters propose K tokens per round: a small model, or n-gram prompt lookup."""
+"""Drafters beyond the draft model (``specdec.core.model_drafter``): n-gram prompt lookup,
+suffix matching, planned suffix drafts, hybrid (suffix, then the model), predictions. Each
+is a ``specdec.core.drafter.Drafter``."""
 
-from specdec.drafters.base import Draft, Drafter
-from specdec.drafters.model import ModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "NgramDrafter"]
+__all__ = ["NgramDrafter"]

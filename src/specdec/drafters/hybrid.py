@@ -18,11 +18,11 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft
-from specdec.drafters.model import ModelDrafter
+from specdec.core.drafter import Draft
+from specdec.core.model_drafter import ModelDrafter
+from specdec.core.sampling import SamplingConfig
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
-from specdec.sampling import SamplingConfig
 
 
 class HybridDrafter:

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft
+from specdec.core.drafter import Draft
+from specdec.core.sampling import SamplingConfig
 from specdec.errors import ConfigError
-from specdec.sampling import SamplingConfig
 
 
 def lookup_continuation(context: Sequence[int], k: int, max_n: int, min_n: int) -> list[int]:

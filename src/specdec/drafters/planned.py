@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.drafters.base import Draft
+from specdec.core.drafter import Draft
+from specdec.core.sampling import SamplingConfig
 from specdec.drafters.suffix import SuffixDrafter, SuffixOptions, parse_suffix_options
 from specdec.errors import ConfigError
-from specdec.sampling import SamplingConfig
 from specdec.theory import Costs
 
 # match-length buckets: the lower bound of each (a match of m tokens falls in the last

@@ -54,10 +54,10 @@ from types import MappingProxyType
 
 import torch
 
-from specdec.drafters.base import Draft, Drafter
+from specdec.core.drafter import Draft, Drafter
+from specdec.core.sampling import SamplingConfig
 from specdec.drafters.planned import BUCKETS, EXPLORE_LEN, PRIOR_WEIGHT, MatchPlanner, Rate
 from specdec.drafters.span_index import MAX_MATCH, SKIP_WINDOW, SpanIndex
-from specdec.sampling import SamplingConfig
 from specdec.theory import Costs
 
 SOURCE = "prediction"

@@ -29,9 +29,9 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from specdec.drafters.base import Draft
+from specdec.core.drafter import Draft
+from specdec.core.sampling import SamplingConfig
 from specdec.errors import ConfigError
-from specdec.sampling import SamplingConfig
 
 # Shared tokens compared when syncing the index to a context (see SuffixDrafter._agreed).
 SYNC_CHECK = 16

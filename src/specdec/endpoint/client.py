@@ -38,14 +38,14 @@ from typing import Any, Literal
 
 import httpx
 
-from specdec import jsonbound
-from specdec.credentials import check_api_key
 from specdec.endpoint import schema, wire
 from specdec.endpoint.counters import SpecCounters, counters_from_body, parse_prometheus
 from specdec.endpoint.errors import BadReply, EndpointError
 from specdec.endpoint.inflight import InFlight
 from specdec.endpoint.schema import TOKEN_ID_PREFIX, PromptRow
-from specdec.printable import printable, quoted_list
+from specdec.util import jsonbound
+from specdec.util.credentials import check_api_key
+from specdec.util.printable import printable, quoted_list
 
 __all__ = ["TOKEN_ID_PREFIX", "PromptRow"]
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specdec.printable import printable
+from specdec.util.printable import printable
 
 Api = Literal["completions", "chat"]
 TOKEN_ID_PREFIX = "token_id:"

@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from specdec import jsonbound
 from specdec.endpoint.errors import BadReply
+from specdec.util import jsonbound
 
 BASE_BYTES = 1 << 20  # the envelope of any reply, and any reply that is not a generation
 PER_TOKEN_BYTES = 4 << 10  # one token's text, chunk envelope and fields (a chat chunk ~300 B)

@@ -194,7 +194,7 @@ def type_names(types: Sequence[int]) -> tuple[str, ...]:
 def verdict_key(
     llama_cpp: Any, header: GGUFHeader, listed: Sequence[str], fault: str | None
 ) -> str:
-    from specdec.machine import all_cpu_flags, cpu_model
+    from specdec.util.machine import all_cpu_flags, cpu_model
 
     try:
         version = metadata.version("llama_cpp_python")
@@ -267,7 +267,7 @@ def _probe(
             name = f"signal {-done.returncode}"
         return "signal", name, seconds
     if done.returncode != 0 or not out.is_file():
-        from specdec.printable import printable
+        from specdec.util.printable import printable
 
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         return "exit", f"exit {done.returncode}: {printable(last, 200)}", seconds

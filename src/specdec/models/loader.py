@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.bounds import check_n_ctx, check_threads
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.base import CausalLM
+from specdec.util.bounds import check_n_ctx, check_threads
 
 BACKENDS = ("auto", "hf", "llamacpp", "mock")
 DEVICES = ("auto", "cpu", "cuda", "mps")

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.core.policy import FixedK, KPolicy, ProfileK
 from specdec.pairs import PLANNED_K, is_planned
-from specdec.policy import FixedK, KPolicy, ProfileK
 from specdec.profiler.decide import Candidate
 from specdec.profiler.run import (
     ProfileResult,

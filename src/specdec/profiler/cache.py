@@ -13,8 +13,8 @@ from typing import Any
 
 from specdec.hub.paths import default_cache_dir
 from specdec.hub.safe_paths import read_regular, real_dir, write_new
-from specdec.machine import cpu_model, package_versions
 from specdec.theory import Costs
+from specdec.util.machine import cpu_model, package_versions
 
 SCHEMA = 1
 

@@ -11,8 +11,10 @@ from dataclasses import replace
 
 import torch
 
-from specdec.decoding import generate
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import generate
+from specdec.core.rejection import accept_reject
+from specdec.core.sampling import GREEDY, logits_to_probs, make_generator
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM, cached_prefix_len, extend_last
 from specdec.models.vocab import fit_logits
@@ -24,8 +26,6 @@ from specdec.profiler.passes import (
     verify_times,
 )
 from specdec.profiler.predict import Costs, ProbeSequence, runs_from_matches
-from specdec.rejection import accept_reject
-from specdec.sampling import GREEDY, logits_to_probs, make_generator
 
 PREFILL_TOKENS = 256  # the prefill-throughput pass (long enough to be compute-bound)
 

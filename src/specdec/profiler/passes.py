@@ -13,10 +13,10 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.sampling import GREEDY, make_generator
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM
-from specdec.sampling import GREEDY, make_generator
 
 Clock = Callable[[], float]
 

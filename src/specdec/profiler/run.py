@@ -18,9 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from specdec.bounds import check_n_ctx, check_threads
-from specdec.decoding import generate
-from specdec.drafters.base import Drafter
+from specdec.core.drafter import Drafter
+from specdec.core.loop import generate
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
@@ -65,6 +64,7 @@ from specdec.profiler.measure import (
 from specdec.profiler.predict import Prediction, ProbeSequence, pass_ceiling_tps, predict
 from specdec.prompting import encode_prompt
 from specdec.theory import Costs
+from specdec.util.bounds import check_n_ctx, check_threads
 
 Log = Callable[[str], None]
 

@@ -30,14 +30,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from specdec.api import Completion, Pair
-from specdec.credentials import check_api_key
-from specdec.decoding import GenerationResult
+from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
 from specdec.models.base import CausalLM
+from specdec.request import GenerationRequest
 from specdec.serve.engine import Engine, Failed, Finished, Job, QueueFull, ShuttingDown
 from specdec.serve.errors import APIError, error_response, validation_error
 from specdec.serve.generation import (
-    GenerationParams,
     ServeSettings,
     chat_prompt,
     openai_finish_reason,
@@ -67,6 +66,7 @@ from specdec.serve.schemas import (
     Timings,
     Usage,
 )
+from specdec.util.credentials import check_api_key
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
@@ -247,11 +247,10 @@ def _check_model(req: GenerationFields, config: ServeConfig) -> None:
         )
 
 
-def _submit(state: _State, params: GenerationParams, stream: bool) -> Job:
+def _submit(state: _State, params: GenerationRequest, stream: bool) -> Job:
     job_work = work(
         state.pair,
         params,
-        state.config.settings,
         stream_text=stream,
         on_result=state.metrics.generation,
     )
@@ -269,7 +268,7 @@ def _submit(state: _State, params: GenerationParams, stream: bool) -> Job:
 
 
 async def _respond(
-    state: _State, req: GenerationFields, params: GenerationParams, request: Request, *, chat: bool
+    state: _State, req: GenerationFields, params: GenerationRequest, request: Request, *, chat: bool
 ) -> Response:
     job = _submit(state, params, req.stream)
     ids = _Ids(

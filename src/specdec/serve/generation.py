@@ -6,7 +6,7 @@ rendered in a worker process with its own time and memory limits, outside the to
 lock, so a slow template holds up no other request) and ``plan`` checks
 that the prompt fits and fills in defaults, so that every user error is a 400 before anything
 is queued;
-``work`` is what runs on the worker thread (``Pair.stream`` round by round, checking for
+``work`` is what runs on the worker thread (``Pair.stream_request`` round by round, checking for
 cancellation between rounds); ``usage`` and ``timings`` give the statistics fields.
 """
 
@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.api import Completion, Pair
-from specdec.decoding import GenerationResult, validate_request
+from specdec.core.loop import validate_request
+from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
-from specdec.jsonable import finite
 from specdec.pairs import pair_context_limit
 from specdec.prompting import check_text, encode_text
+from specdec.request import GenerationRequest, make_request
 from specdec.serve.engine import Job
 from specdec.serve.errors import FieldError
 from specdec.serve.schemas import ChatRequest, CompletionRequest, GenerationFields
+from specdec.util.jsonable import finite
 
 
 @dataclass(frozen=True)
@@ -38,21 +40,6 @@ class ServeSettings:
     adaptive: bool = False
     default_max_tokens: int = 512
     parse_special: bool = False  # special-token text in prompts, messages, predictions: text
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """One request, ready for ``Pair.stream``."""
-
-    prompt_ids: list[int]
-    max_new_tokens: int
-    k: int | None
-    temperature: float
-    top_k: int
-    top_p: float
-    seed: int
-    stops: tuple[str, ...]
-    prediction: list[int] | None = None  # the request's prediction, tokenized (as text)
 
 
 def chat_prompt(
@@ -142,8 +129,9 @@ def plan(
     prompt_ids: list[int],
     settings: ServeSettings,
     prediction: list[int] | None = None,
-) -> GenerationParams:
-    """Check that the prompt fits and fill in the defaults; FieldError on a bad request."""
+) -> GenerationRequest:
+    """Check that the prompt fits and fill in the defaults: the request the worker generates
+    (the prompt and the prediction as token ids); FieldError on a bad request."""
     req.check()
     param = "messages" if isinstance(req, ChatRequest) else "prompt"
     n_ctx = pair_context_limit(pair.draft, pair.target)
@@ -159,23 +147,23 @@ def plan(
     drafted = prediction if req.prediction is not None and pair.draft is not None else None
     # a prediction sizes its own drafts (Pair.stream caps them at PLANNED_K)
     k_default = None if k is None and drafted is not None else settings.k
-    return GenerationParams(
-        prompt_ids=prompt_ids,
+    return make_request(
+        prompt_ids,
         max_new_tokens=min(wanted or settings.default_max_tokens, room),
         k=k_default if k is None else k,
+        adaptive=settings.adaptive,
         temperature=req.temperature,
         top_k=req.top_k,
         top_p=req.top_p,
         seed=req.seed if req.seed is not None else secrets.randbits(63),
-        stops=tuple(req.stop or ()),
+        stop=tuple(req.stop or ()),
         prediction=drafted,
     )
 
 
 def work(
     pair: Pair,
-    params: GenerationParams,
-    settings: ServeSettings,
+    request: GenerationRequest,
     *,
     stream_text: bool,
     on_result: Callable[[GenerationResult, float], None],
@@ -184,18 +172,7 @@ def work(
     returns the Completion, or None when the request was cancelled."""
 
     def run(job: Job) -> Completion | None:
-        stream = pair.stream(
-            params.prompt_ids,
-            max_new_tokens=params.max_new_tokens,
-            k=params.k,
-            adaptive=settings.adaptive,
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            seed=params.seed,
-            stop=params.stops,
-            prediction=params.prediction,
-        )
+        stream = pair.stream_request(request)
         for delta in stream.deltas():
             if stream_text and delta.text:
                 job.emit(delta.text)

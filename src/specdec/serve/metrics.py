@@ -12,7 +12,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from specdec.decoding import GenerationResult
+from specdec.core.result import GenerationResult
 
 _PREFIX = "specdec"
 

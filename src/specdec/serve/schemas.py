@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from specdec.bounds import SEED_LIMIT  # as the CLI
 from specdec.serve.errors import FieldError
+from specdec.util.bounds import SEED_LIMIT  # as the CLI
 
 MAX_STOPS = 4  # OpenAI's limit
 

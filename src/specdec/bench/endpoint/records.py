@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specdec.textfiles import loads_or_none, read_bytes
+from specdec.util.textfiles import loads_or_none, read_bytes
 
 GroupKey = tuple[str, int, int, int, str]  # (mode, concurrency, repeat, group, side)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import ConfigError
-from specdec.printable import printable
+from specdec.util.printable import printable
 
 from .records import GroupKey, group_key, read_records
 

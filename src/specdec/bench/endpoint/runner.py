@@ -28,8 +28,6 @@ from typing import Any
 
 from specdec.bench.plan import MAX_COUNT
 from specdec.bench.results import ResultsWriter, open_for_append
-from specdec.bounds import check_range, check_seed
-from specdec.credentials import redact_argv, redact_url
 from specdec.endpoint.capacity import MAX_CONCURRENCY, ensure_open_files
 from specdec.endpoint.client import EndpointClient, Reply, Request
 from specdec.endpoint.counters import has_known_series, metrics_counters
@@ -41,8 +39,10 @@ from specdec.endpoint.pairing import (
     probe_switch,
 )
 from specdec.errors import ConfigError
-from specdec.printable import printable
 from specdec.prompt_sets import Prompt
+from specdec.util.bounds import check_range, check_seed
+from specdec.util.credentials import redact_argv, redact_url
+from specdec.util.printable import printable
 
 from .records import GroupKey, finished_groups, read_records
 

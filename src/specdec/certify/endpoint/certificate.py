@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specdec.certify.common import FAIL, PASS, WARN
-from specdec.jsonable import json_ready
+from specdec.util.jsonable import json_ready
 
 from .greedy import GreedyCase
 from .pertoken import EndpointPerTokenResult

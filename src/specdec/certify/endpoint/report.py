@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from specdec.printable import printable
+from specdec.util.printable import printable
 
 from .certificate import LIMITS, VERDICT, EndpointCertificate
 from .pertoken import ALTERNATIVES

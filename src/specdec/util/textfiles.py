@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from specdec import jsonbound
 from specdec.errors import ConfigError
+from specdec.util import jsonbound
 
 MAX_TEXT_BYTES = 64 << 20  # a prompts or messages file; far more than any context window
 

@@ -32,7 +32,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 import torch
 
-from specdec.sampling import draw_uniform, sample_from_cdf
+from specdec.core.sampling import draw_uniform, sample_from_cdf
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 A verifier is a pure function of (target probability rows p [K+1, V], draft rows q [K, V] or
 None for one-hot drafts, draft tokens x [K], generator) returning (n, y): the first n drafts
 are kept and y is the token that follows them (a correction after a rejection, or the bonus
-token from row K when all K drafts are kept). The round in ``decoding.speculative_round``
+token from row K when all K drafts are kept). The round in ``core.round.speculative_round``
 calls exactly one of them; everything else (drafting, the target pass, EOS / length cuts,
 rollback) is shared.
 
@@ -29,8 +29,8 @@ from typing import Protocol
 
 import torch
 
-from specdec.rejection import accept_reject
-from specdec.sampling import sample
+from specdec.core.rejection import accept_reject
+from specdec.core.sampling import sample
 
 
 class Verifier(Protocol):

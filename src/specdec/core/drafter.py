@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from specdec.sampling import SamplingConfig
+from specdec.core.sampling import SamplingConfig
 
 
 @dataclass

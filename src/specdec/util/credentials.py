@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 
 from specdec.errors import ConfigError
-from specdec.textfiles import read_bytes
+from specdec.util.textfiles import read_bytes
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 SECRET_FLAGS = ("--api-key",)  # flags whose value is a secret

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft
+from specdec.core.drafter import Draft
+from specdec.core.sampling import SamplingConfig, logits_to_probs, sample
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM, extend_last
 from specdec.models.vocab import fit_logits
-from specdec.sampling import SamplingConfig, logits_to_probs, sample
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -7,19 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from specdec.core.result import Round
 from specdec.errors import ConfigError
 from specdec.theory import Costs, expected_tokens_per_round
-
-
-@dataclass(frozen=True)
-class RoundObservation:
-    """What a policy learns from one round (times in seconds)."""
-
-    k: int
-    n_accepted: int
-    t_draft: float
-    t_verify: float
-    t_round: float
 
 
 class KPolicy(Protocol):
@@ -27,7 +17,7 @@ class KPolicy(Protocol):
 
     def next_k(self) -> int: ...
 
-    def observe(self, obs: RoundObservation) -> None: ...
+    def observe(self, obs: Round) -> None: ...
 
 
 @dataclass
@@ -43,7 +33,7 @@ class FixedK:
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, obs: RoundObservation) -> None:
+    def observe(self, obs: Round) -> None:
         pass
 
 
@@ -122,7 +112,7 @@ class AdaptiveK:
                 choice = 1 if choice == 0 else min(self.k_max, choice + 1)
         return choice
 
-    def observe(self, obs: RoundObservation) -> None:
+    def observe(self, obs: Round) -> None:
         self.rounds += 1
         d = self.decay
         for i in range(min(obs.k, obs.n_accepted + 1)):
@@ -186,7 +176,7 @@ class ProfileK:
         self.trace.append(choice)
         return choice
 
-    def observe(self, obs: RoundObservation) -> None:
+    def observe(self, obs: Round) -> None:
         self.rounds += 1
         for i in range(min(obs.k, obs.n_accepted + 1)):
             self.accept[i] = _ew(self.accept[i], 1.0 if i < obs.n_accepted else 0.0, self.decay)

@@ -1,0 +1,110 @@
+"""One round of speculative decoding: draft K, verify K + 1 in one target pass, keep what
+the verifier keeps, roll back. K = 0 (or no drafter) is a plain target-only step through the
+same code. ``speculative_round`` is the one implementation of a round (the loop in
+``core.loop`` runs it until done); what decides which tokens are kept is a pluggable
+``Verifier`` (``core.verifiers``): the lossless accept/reject walk for generation, exact
+matching for the certificate's shape-matched baseline.
+
+Cache invariant between rounds (L = len(context)):
+    target cache = context[:L-1]       (the last token is fed at the start of the next round)
+    draft cache  <= context            (the drafter syncs itself; see ModelDrafter; a
+                                        windowed one caches a prefix of context[offset:])
+A round feeds the target [context[-1], x_1..x_K] and gets K + 1 rows: row i is p_{i+1}, the
+target's distribution for the position of draft i + 1, row K the bonus distribution. After
+n acceptances the target cache is truncated to L + n, which is the new context minus its last
+(freshly sampled) token: the invariant holds again without ever re-prefilling.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from specdec.core.drafter import Draft, Drafter
+from specdec.core.policy import KPolicy
+from specdec.core.result import Round
+from specdec.core.sampling import SamplingConfig, logits_to_probs
+from specdec.core.verifiers import Verifier, greedy_verify, keeps_argmax_when_greedy
+from specdec.models.base import CausalLM
+from specdec.util.timing import Stopwatch, delta
+
+
+def speculative_round(
+    target: CausalLM,
+    drafter: Drafter | None,
+    ctx: list[int],
+    *,
+    policy: KPolicy,
+    remaining: int,
+    n_ctx: int,
+    sampling: SamplingConfig,
+    verifier: Verifier,
+    draft_generator: torch.Generator,
+    verify_generator: torch.Generator,
+    stopwatch: Stopwatch,
+    stop_on_eos: bool,
+) -> Round:
+    """One round. Appends the kept tokens to ``ctx`` (the accepted context) in place and
+    returns what it did (``Round``, timed by ``stopwatch``'s sections).
+
+    Before and after: the target caches ctx[:-1] and the drafter a prefix of ctx.
+    """
+    t0 = time.perf_counter()
+    before = stopwatch.snapshot()
+    # 1. How many drafts: the policy's K, clamped to the tokens wanted and the window.
+    k_r = clamp_k(policy.next_k(), remaining, n_ctx, len(ctx))
+    # 2. Draft (a drafter may propose fewer tokens than asked, or none).
+    draft = Draft([], None)
+    if drafter is not None and k_r > 0:
+        with stopwatch.section("draft"):  # the round times the drafter, whatever it does
+            draft = drafter.propose(ctx, k_r, sampling, draft_generator)
+    k_r = len(draft)
+    assert target.n_cached == len(ctx) - 1, "target cache out of sync with the context"
+    # 3. Verify: ONE target pass over [last context token, x_1..x_K] -> K + 1 rows.
+    with stopwatch.section("verify"):
+        logits = target.extend([ctx[-1], *draft.tokens])  # [K+1, V]
+    # 4. Decide which drafts are kept and the token after them.
+    with stopwatch.section("sampling"):
+        if sampling.greedy and keeps_argmax_when_greedy(verifier):  # no rows needed
+            n_acc, nxt = greedy_verify(logits, draft.tokens)
+        else:
+            p = logits_to_probs(logits, sampling)  # [K+1, V]
+            drafts = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
+            n_acc, nxt = verifier(p, draft.probs, drafts, verify_generator)
+    # 5. Roll the target back past the rejected drafts (the new last token is not cached).
+    if n_acc < k_r:
+        with stopwatch.section("verify"):
+            target.truncate(len(ctx) + n_acc)
+    # 6. Cut at end-of-sequence and at the requested length.
+    emitted = [*draft.tokens[:n_acc], nxt]
+    eos = False
+    if stop_on_eos:
+        for j, t in enumerate(emitted):
+            if t in target.eos_token_ids:
+                emitted, eos = emitted[: j + 1], True
+                break
+    emitted = emitted[:remaining]
+    ctx.extend(emitted)
+    # 7. Roll the drafter back to the accepted context (it catches up next round).
+    if drafter is not None and n_acc < k_r:
+        with stopwatch.section("draft"):
+            drafter.rollback(ctx)
+    after = stopwatch.snapshot()
+    return Round(
+        k=k_r,
+        n_accepted=n_acc,
+        tokens=emitted,
+        t_draft=delta(after, before, "draft"),
+        t_verify=delta(after, before, "verify"),
+        t_sampling=delta(after, before, "sampling"),
+        t_round=time.perf_counter() - t0,
+        eos=eos,
+        source=draft.source,
+    )
+
+
+def clamp_k(k: int, remaining: int, n_ctx: int, n_context: int) -> int:
+    """K for a round: never more drafts than tokens still wanted minus the correction/bonus
+    token, and never past the context window (the K + 1 verified positions must fit)."""
+    return max(0, min(k, remaining - 1, n_ctx - n_context - 1))

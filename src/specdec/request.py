@@ -1,0 +1,148 @@
+"""One generation request: built once at the edge (the command line, the server, the Python
+API) by ``make_request``, checked there, and passed down whole to ``Pair.stream_request``.
+
+    request = make_request("def fib(n):", max_new_tokens=64, temperature=0.7, stop="\\n\\n")
+    completion = pair.stream_request(request).run()
+
+A request holds what the user asked (the prompt or chat messages, the sampling settings, the
+stop strings, a prediction, the limits), never what the pair decides (the K policy of an
+auto pair, the drafter): ``k`` None leaves K to the pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specdec.core.sampling import GREEDY, SamplingConfig
+from specdec.core.stops import check_stops
+from specdec.errors import ConfigError
+from specdec.prompting import Message
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A checked request (``make_request``'s arguments, with the same meanings)."""
+
+    prompt: str | tuple[int, ...] | None = None  # text, or token ids used as they are
+    messages: tuple[Message, ...] | None = None
+    system: str | None = None
+    chat: bool | None = None  # None: the chat template when the target has one; False: raw
+    parse_special: bool = False
+    sampling: SamplingConfig = GREEDY
+    stops: tuple[str, ...] = ()
+    prediction: str | tuple[int, ...] | None = None
+    max_new_tokens: int = 128
+    k: int | None = None  # None: the pair's choice
+    adaptive: bool = False
+    seed: int = 0
+    stop_on_eos: bool = True
+
+    @property
+    def text(self) -> str:
+        """All the text given (for a size estimate before the tokenizer is loaded)."""
+        prompt = self.prompt if isinstance(self.prompt, str) else ""
+        return prompt or "".join(m["content"] for m in self.messages or [])
+
+    def with_prompt_ids(self, ids: Sequence[int]) -> GenerationRequest:
+        """The same request with its prompt (text, messages, system prompt) as token ids."""
+        return dataclasses.replace(
+            self, prompt=tuple(int(t) for t in ids), messages=None, system=None, chat=None
+        )
+
+
+def check_limits(*, k: int | None, max_new_tokens: int) -> None:
+    """K and the length of a request (also the server's defaults for them), or ConfigError."""
+    if k is not None and k < 0:
+        raise ConfigError(f"k must be >= 0, got {k}")
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+
+
+def make_request(
+    prompt: str | Sequence[int] | None = None,
+    *,
+    messages: Sequence[Message] | None = None,
+    system: str | None = None,
+    raw: bool = False,
+    max_new_tokens: int = 128,
+    k: int | None = None,
+    adaptive: bool = False,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    chat: bool | None = None,
+    stop_on_eos: bool = True,
+    stop: str | Sequence[str] | None = None,
+    prediction: str | Sequence[int] | None = None,
+    parse_special: bool = False,
+) -> GenerationRequest:
+    """The checked request, or a ``ConfigError`` naming the bad argument (``Pair.stream``
+    takes these arguments; the prompt's text is encoded by the pair, which has the tokenizer).
+
+    prompt:         text, or token ids (used as they are); with a chat template the
+                    text is the last user turn (chat by default).
+    messages:       earlier chat turns, a list of {"role", "content"} (roles system,
+                    user, assistant, tool); needs a model with a chat template.
+    system:         a system prompt (needs a model with a chat template).
+    raw:            the text as it is, without the chat template.
+    max_new_tokens: the most tokens to generate (>= 1).
+    k:              drafts per round (0 = plain decoding; the maximum with adaptive);
+                    None: the profile's adaptive choice for an auto pair, else 6.
+    adaptive:       choose K each round from the measured acceptance and costs.
+    temperature:    0 = greedy (the target's own argmax output); > 0 samples.
+    top_k, top_p:   truncation (0 and 1 disable), applied to draft and target alike.
+    seed:           fixes the sampled output (same seed, same output).
+    chat:           None (default): the chat template when the target has one, raw
+                    text otherwise; True: require the template; False: same as raw.
+    stop_on_eos:    stop at the end-of-sequence token.
+    stop:           stop strings (one or several): the text ends right before the first
+                    occurrence of any of them, even across tokens and rounds.
+    prediction:     the output you expect, or most of it (OpenAI's Predicted Outputs: the
+                    code being edited, a document being revised), as text or token ids.
+                    It is drafted from where the output stands in it (re-synchronised
+                    after the model inserts, deletes or changes text; the pair's own
+                    drafter drafts elsewhere), so the output is exactly what it would be
+                    without it: only the speed changes. ``result.prediction_tokens()``
+                    (and ``stats``) count accepted / rejected prediction tokens. K caps
+                    each draft (default 64; the drafts are sized by the target's measured
+                    verify cost below it); k=0 ignores the prediction.
+    parse_special:  read special-token text (such as ``<|im_end|>``) inside the text
+                    given (the prompt, the messages, the prediction) as special tokens;
+                    by default all of it is text, so a message cannot end its turn or
+                    open another, and a raw prompt or a prediction cannot forge one.
+    """
+    check_limits(k=k, max_new_tokens=max_new_tokens)
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    stops = tuple(check_stops(stop))
+    ids_or_text: str | tuple[int, ...] | None = None
+    if prompt is None or isinstance(prompt, str):
+        if raw and chat:
+            raise ConfigError("raw=True and chat=True contradict each other")
+        ids_or_text = prompt
+    elif messages is not None or system is not None:
+        raise ConfigError("token ids are used as they are: no messages or system prompt")
+    else:
+        ids_or_text = tuple(int(t) for t in prompt)
+    expected: str | tuple[int, ...] | None = None
+    if prediction is None or isinstance(prediction, str):
+        expected = prediction
+    else:
+        expected = tuple(int(t) for t in prediction)
+    return GenerationRequest(
+        prompt=ids_or_text,
+        messages=None if messages is None else tuple(messages),
+        system=system,
+        chat=False if raw else chat,
+        parse_special=parse_special,
+        sampling=sampling,
+        stops=stops,
+        prediction=expected,
+        max_new_tokens=max_new_tokens,
+        k=k,
+        adaptive=adaptive,
+        seed=seed,
+        stop_on_eos=stop_on_eos,
+    )
