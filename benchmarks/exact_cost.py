@@ -1,12 +1,19 @@
 """What exact numerics cost on this machine, side by side with llama.cpp's default settings.
 
-Two settings, each in processes of its own (ggml reads GGML_CPU_TILED_MM once per process),
-alternated over ``--rounds`` rounds (A B, B A, ...) so that drift falls on both alike:
+Settings, each in processes of its own (ggml reads GGML_CPU_TILED_MM once per process),
+alternated over ``--rounds`` rounds (A B C, C B A, ...) so that drift falls on all alike:
 
-  default   llama.cpp as llama-cpp-python loads it (repack on, no flash attention, tiled
-            K-quant path on, F16 KV cache): what a user runs without specdec
-  exact     LlamaCppLM(exact=True) (repack off, tiled path off, flash attention, F16 keys /
-            Q8_0 values)
+  default        llama.cpp as llama-cpp-python loads it (repack on, no flash attention, tiled
+                 K-quant path on, F16 KV cache): what a user runs without specdec
+  exact          LlamaCppLM(exact=True): the optional kernels that keep rows bit-identical
+                 stay, the groups that do not (models.exact_kernels' verdict, cached; on x86
+                 the repacked Q4_K gemm) move to the plain kernels; tiled path off, flash
+                 attention, F16 keys / Q8_0 values
+  exact-none     (``--with-none``) exact numerics with every optional kernel off, as they
+                 were before the per-group verdict (repack=False)
+  exact-patched  (``--patched-lib DIR``) exact numerics on another llama.cpp build, loaded
+                 through LLAMA_CPP_LIB_PATH=DIR without installing it (a build whose kernels
+                 are row-invariant keeps them all)
 
 In each process, on the default target (2 threads):
   * prefill throughput: a 512-token prompt, best of 2;
@@ -24,8 +31,8 @@ The report gives per-figure medians over rounds and the ratio exact / default wi
 spread of the per-round ratios; ``--json`` keeps every sample. Timings are only meaningful on
 a quiet machine.
 
-    PYTHONPATH=src python benchmarks/exact_cost.py --rounds 3 \
-        --json benchmarks/results/exact-cost.json
+    PYTHONPATH=src python benchmarks/exact_cost.py --rounds 3 --with-none \
+        [--patched-lib DIR] --json benchmarks/results/exact-cost.json
 """
 
 from __future__ import annotations
@@ -43,7 +50,17 @@ from typing import Any
 
 TARGET = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 NS = (1, 2, 3, 4, 6, 8, 12, 16)
-SETTINGS = {"default": {}, "exact": {"GGML_CPU_TILED_MM": "0"}}
+TILED_OFF = {"GGML_CPU_TILED_MM": "0"}
+
+
+def settings(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """The settings run, name -> extra environment."""
+    out = {"default": {}, "exact": dict(TILED_OFF)}
+    if getattr(args, "with_none", False):
+        out["exact-none"] = dict(TILED_OFF)
+    if getattr(args, "patched_lib", None):
+        out["exact-patched"] = {**TILED_OFF, "LLAMA_CPP_LIB_PATH": str(args.patched_lib)}
+    return out
 
 
 def prompts() -> list[str]:
@@ -114,12 +131,17 @@ def worker(setting: str, threads: int, repeats: int, n_new: int) -> dict[str, An
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.prompting import encode_prompt
 
-    exact = setting == "exact"
+    exact = setting.startswith("exact")
     path = resolve(TARGET, fetch=False)
-    lm = LlamaCppLM(path, n_ctx=4096, n_threads=threads, exact=exact)
+    repack = False if setting == "exact-none" else None
+    lm = LlamaCppLM(path, n_ctx=4096, n_threads=threads, exact=exact, repack=repack)
+    out_kernels = {
+        "choice": lm.kernel_choice.text(),
+        "lib_path": os.environ.get("LLAMA_CPP_LIB_PATH"),
+    }
     text = "\n".join(prompts() * 4)
     ids = lm.tokenizer.encode(text, add_special_tokens=False)
-    out: dict[str, Any] = {"setting": setting}
+    out: dict[str, Any] = {"setting": setting, "kernels": out_kernels}
     best = float("inf")
     for _ in range(2):
         lm.truncate(0)
@@ -140,7 +162,16 @@ def worker(setting: str, threads: int, repeats: int, n_new: int) -> dict[str, An
         from specdec.profiler.target_costs import cached_target_costs
 
         cfg = ModelConfig(TARGET, "llamacpp", n_ctx=4096, n_threads=threads, exact=True)
-        drafter = PlannedSuffixDrafter(SuffixDrafter(), cached_target_costs(cfg, lm))
+        # the costs are measured on (and cached for) the exact target as configured; the
+        # kernel choice is part of what the cache key reads from the loaded model
+        if setting == "exact":
+            costs = cached_target_costs(cfg, lm)
+        else:  # other kernels than the cache's exact target: measured for this run only
+            from specdec.profiler.target_costs import REPEATS, fitted_passes, target_costs
+
+            n_max, context = fitted_passes(lm.n_ctx)
+            costs = target_costs(lm, n_max=n_max, context_tokens=context, repeats=REPEATS)
+        drafter = PlannedSuffixDrafter(SuffixDrafter(), costs)
         for text in prompts():
             pids = encode_prompt(lm, text, chat=True)
             gen.append(specdec_decode(lm, drafter, pids, n_new, PLANNED_K))
@@ -153,8 +184,9 @@ def worker(setting: str, threads: int, repeats: int, n_new: int) -> dict[str, An
 
 
 def run_worker(setting: str, args: argparse.Namespace) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_TILED_MM"}
-    env.update(SETTINGS[setting])
+    drop = ("GGML_CPU_TILED_MM", "LLAMA_CPP_LIB_PATH")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(settings(args)[setting])
     src = str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", setting]
@@ -182,25 +214,30 @@ def figures(r: dict[str, Any]) -> dict[str, float]:
 
 
 def report(rounds: list[dict[str, dict[str, Any]]]) -> str:
-    per = [{s: figures(r[s]) for s in SETTINGS} for r in rounds]
-    names = list(per[0]["default"])
+    names = [s for s in rounds[0] if s != "default"]
+    per = [{s: figures(r[s]) for s in r} for r in rounds]
+    figs = list(per[0]["default"])
     lines = [
-        f"{len(rounds)} rounds; medians over rounds; exact / default per round (min..max)",
+        f"{len(rounds)} rounds; medians over rounds; setting / default per round (min..max)",
         "",
-        "| figure | default | exact | exact / default | per-round range |",
-        "|---|---|---|---|---|",
+        "| figure | default | " + " | ".join(f"{s} | {s} / default | range" for s in names) + " |",
+        "|---|---|" + "---|---|---|" * len(names),
     ]
-    for name in names:
-        d = statistics.median(p["default"][name] for p in per)
-        e = statistics.median(p["exact"][name] for p in per)
-        ratios = [p["exact"][name] / p["default"][name] for p in per]
-        lines.append(
-            f"| {name} | {d:.3g} | {e:.3g} | {statistics.median(ratios):.3f} | "
-            f"{min(ratios):.3f}..{max(ratios):.3f} |"
-        )
+    for fig in figs:
+        cells = [f"{statistics.median(p['default'][fig] for p in per):.3g}"]
+        for s in names:
+            ratios = [p[s][fig] / p["default"][fig] for p in per]
+            cells += [
+                f"{statistics.median(p[s][fig] for p in per):.3g}",
+                f"{statistics.median(ratios):.3f}",
+                f"{min(ratios):.3f}..{max(ratios):.3f}",
+            ]
+        lines.append(f"| {fig} | " + " | ".join(cells) + " |")
+    for s in names:
+        lines.append(f"{s}: kernels {rounds[0][s].get('kernels')}")
     lines += [
         "",
-        "decode tok/s: default = llama-cpp-python's own loop on its default instance; exact = "
+        "decode tok/s: default = llama-cpp-python's own loop on its default instance; exact* = "
         "specdec's default configuration (planned suffix drafts) on the exact target.",
     ]
     return "\n".join(lines)
@@ -212,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--with-none", action="store_true", help="also exact with no optional kernel")
+    ap.add_argument("--patched-lib", type=Path, help="also exact on the build in this lib dir")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--from-json", type=Path, help="print the report of a saved run")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -225,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     rounds = []
     t0 = time.perf_counter()
+    names = list(settings(args))
     for i in range(args.rounds):
-        order = list(SETTINGS) if i % 2 == 0 else list(reversed(SETTINGS))
+        order = names if i % 2 == 0 else list(reversed(names))
         rounds.append({s: run_worker(s, args) for s in order})
         print(
             f"round {i + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr

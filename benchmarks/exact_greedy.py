@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
             "prompt_tokens": len(ids),
             "numerics": args.numerics,
             "threads": args.threads,
+            # which optional kernels the target kept (models.exact_kernels) and which build
+            "kernels": target.kernel_choice.text(),
+            "lib_path": os.environ.get("LLAMA_CPP_LIB_PATH"),
             "runs": runs,
         }
         with args.out.open("a", encoding="utf-8") as f:

@@ -12,7 +12,10 @@ from specdec.cli import main
 from specdec.doctor import format_report, gather
 from specdec.models.kernel_check import KernelVerdict, Trial, _save
 
-SECTIONS = ("machine", "cpu_flags", "packages", "llama_cpp", "kernel_checks", "gpus", "store")
+SECTIONS = (
+    "machine", "cpu_flags", "packages", "llama_cpp", "kernel_checks", "exact_checks", "gpus",
+    "store",
+)  # fmt: skip
 
 
 @pytest.fixture
@@ -28,7 +31,8 @@ def test_the_report_has_every_section_and_reads_only(checks: Path) -> None:
         assert name in r, name
     assert r["cpu_flags"]["all"] and set(r["cpu_flags"]["simd"]) <= set(r["cpu_flags"]["all"])
     text = format_report(r)
-    for label in ("machine", "cpu flags", "packages", "kernel checks", "gpus", "store"):
+    labels = ("machine", "cpu flags", "packages", "kernel checks", "exact checks", "gpus", "store")
+    for label in labels:
         assert any(line.startswith(label) for line in text.splitlines()), label
     assert list(checks.iterdir()) == []  # nothing was checked or written
 

@@ -71,12 +71,13 @@ def test_exact_settings_refuse_what_contradicts_them(monkeypatch: pytest.MonkeyP
     from specdec.models.llamacpp import TILED_ENV, _exact_settings
 
     monkeypatch.delenv(TILED_ENV, raising=False)
-    assert _exact_settings(None, False, "f16", "f16") == (False, True, "f16", "q8_0")
+    # repack stays as asked: the groups that break row invariance move off at load
+    assert _exact_settings(None, False, "f16", "f16") == (True, True, "f16", "q8_0")
+    assert _exact_settings(False, False, "f16", "f16") == (False, True, "f16", "q8_0")
+    assert _exact_settings(True, False, "f16", "f16")[0] is True
     import os
 
     assert os.environ[TILED_ENV] == "0"  # set for this process (ggml reads it once)
-    with pytest.raises(ConfigError, match="repack"):
-        _exact_settings(True, False, "f16", "f16")
     with pytest.raises(ConfigError, match="KV cache types"):
         _exact_settings(None, False, "f32", "f16")
     monkeypatch.setenv(TILED_ENV, "1")

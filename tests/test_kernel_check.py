@@ -226,8 +226,10 @@ def test_every_load_goes_through_the_check(
     lm = load_model(ModelConfig(str(smol), n_ctx=128, n_threads=threads()))
     assert lm.kernels is not None and lm.kernels.choice == "avoid:AMX"  # type: ignore[attr-defined]
     assert lm.extend([1, 2, 3]).shape == (3, 49152)
+    # exact numerics keep the optional kernels that pass both checks: the kernel check first
     exact = load_model(ModelConfig(str(smol), n_ctx=128, n_threads=threads(), exact=True))
-    assert exact.kernels is None  # type: ignore[attr-defined]  # no extra buffer type to check
+    assert exact.kernels is not None and exact.kernels.choice == "avoid:AMX"  # type: ignore[attr-defined]
+    assert exact.exact_kernels.groups == ()  # type: ignore[attr-defined]  # Q4_1: none repacked
 
 
 def test_the_command_line_survives_a_crashing_kernel_and_says_so(

@@ -3,8 +3,10 @@
 Everything is read, nothing is measured (a kernel check runs only when asked, ``--check``):
 the machine (CPU model and the instruction-set flags that pick llama.cpp's kernels, OS,
 Python), package versions, llama.cpp's system info and optional kernels, how `make install`
-built it, the kernel checks' verdicts, the GPUs torch sees, the model store, and the profile
-cache (with exact numerics' price where a profile measured it).
+built it and where its libraries were loaded from (``LLAMA_CPP_LIB_PATH`` tries another build
+without installing it), the kernel checks' verdicts, exact numerics' verdicts (which optional
+kernels keep rows bit-identical whatever the pass size), the GPUs torch sees, the model
+store, and the profile cache (with exact numerics' price where a profile measured it).
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ def _llama() -> dict[str, Any]:
     except ImportError:
         return {"installed": False}
     from specdec.build_flags import installed_record, this_machine
-    from specdec.models.ggml_bufts import ggml
+    from specdec.models.ggml_bufts import ggml, lib_dir
 
     out: dict[str, Any] = {
         "installed": True,
         "version": getattr(llama_cpp, "__version__", None),
         "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
         "built_by_make_install": installed_record(),
+        "lib_dir": str(lib_dir(llama_cpp)),
+        "lib_path_env": os.environ.get("LLAMA_CPP_LIB_PATH"),
     }
     plan = this_machine()
     out["build_plan_here"] = {"cmake_args": list(plan.cmake_args), "reason": plan.reason}
@@ -57,6 +61,22 @@ def _kernel_checks() -> dict[str, Any]:
         "dir": str(checks_dir()),
         "verdicts": [v.to_dict() for v in cached_verdicts()],
     }
+
+
+def _exact_checks() -> dict[str, Any]:
+    from specdec.models.exact_kernels import cached_verdicts, checks_dir
+
+    return {
+        "dir": str(checks_dir()),
+        "verdicts": [v.to_dict() for v in cached_verdicts()],
+    }
+
+
+def _exact_line(v: dict[str, Any]) -> str:
+    groups = ", ".join(v.get("groups") or []) or "none"
+    avoid = ", ".join(v.get("avoid") or [])
+    state = f"moved to plain kernels: {avoid}" if avoid else "all kept"
+    return f"{v.get('model') or v.get('key')} [{groups}] {state} ({v.get('created', '')})"
 
 
 def _gpus() -> dict[str, Any]:
@@ -124,6 +144,7 @@ def gather(*, check: Path | None = None) -> dict[str, Any]:
     if check is not None:
         report["kernel_check_now"] = _check_now(check)
     report["kernel_checks"] = _kernel_checks()
+    report["exact_checks"] = _exact_checks()
     report["gpus"] = _gpus()
     report["store"] = _store()
     report["profiles"] = _profiles()
@@ -186,6 +207,8 @@ def _lines(r: dict[str, Any]) -> list[str]:
             f"  optional kernels (extra buffer types): "
             f"{', '.join(kernels) if isinstance(kernels, list) else kernels or 'none'}",
             f"  build: {made_text}",
+            f"  libraries: {ll.get('lib_dir')}"
+            + (" (LLAMA_CPP_LIB_PATH: another build)" if ll.get("lib_path_env") else ""),
             f"  make install here would: {ll['build_plan_here']['reason']}",
         ]
     if "kernel_check_now" in r:
@@ -193,6 +216,9 @@ def _lines(r: dict[str, Any]) -> list[str]:
     kc = r["kernel_checks"]
     lines.append(f"kernel checks ({len(kc['verdicts'])} cached in {kc['dir']})")
     lines += [f"  {_verdict_line(v)}" for v in kc["verdicts"][:8]]
+    ec = r["exact_checks"]
+    lines.append(f"exact checks ({len(ec['verdicts'])} cached in {ec['dir']})")
+    lines += [f"  {_exact_line(v)}" for v in ec["verdicts"][:8]]
     g = r["gpus"]
     gpu = ", ".join(g.get("cuda") or []) or "no CUDA device"
     lines.append(

@@ -15,6 +15,12 @@ a small tensor of the same type and row count), or to a plain CPU buffer (``CPU_
 override to the ``CPU`` type itself would make llama.cpp choose among the extra types again).
 Tensors read by row lookup (token embeddings) only ever move to the plain buffer.
 
+A *group* is one weight type inside one extra buffer type, named ``BUFT/TYPE``
+(``CPU_REPACK/Q4_K``): the kernels a weight runs on depend on both (the repacked Q4_K gemm is
+not the repacked Q4_0 one), so a choice can avoid a group while the buffer type keeps the
+other weight types (``models.exact_kernels`` moves only the groups whose rows depend on the
+pass size).
+
 Everything here is introspection through ggml's public C API (ctypes over the libraries
 llama-cpp-python ships); no kernel runs. Whether a configuration actually computes the right
 numbers is ``models.kernel_check``'s question, answered in a child process.
@@ -66,10 +72,27 @@ class Override:
     buft: str
 
 
+def type_name(ggml_type: int) -> str:
+    """ggml's name of a weight type (``Q4_K``), or ``type N`` for one gguf does not know."""
+    import gguf
+
+    try:
+        return gguf.GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"type {ggml_type}"
+
+
+def group_name(buft: str, ggml_type: int) -> str:
+    """``CPU_REPACK/Q4_K``: one weight type in one buffer type."""
+    return f"{buft}/{type_name(ggml_type)}"
+
+
 @dataclass(frozen=True)
 class Choice:
     """Which optional kernels a load uses: all the build offers (``extras`` and no ``avoid``),
-    all but those named in ``avoid`` (per-tensor overrides), or none (``extras`` False)."""
+    all but those named in ``avoid`` (per-tensor overrides; a name is a buffer type, or a
+    group ``BUFT/TYPE``, which keeps the buffer type's other weight types), or none
+    (``extras`` False)."""
 
     extras: bool = True
     avoid: tuple[str, ...] = ()
@@ -90,8 +113,21 @@ class Choice:
         raise ValueError(f"bad kernel choice {text!r}: all | none | avoid:NAME[,NAME]")
 
     def in_use(self, listed: tuple[str, ...]) -> tuple[str, ...]:
-        """The listed extra buffer types this choice keeps."""
+        """The listed extra buffer types this choice keeps (for some weight type at least)."""
         return tuple(b for b in listed if b not in self.avoid) if self.extras else ()
+
+    def avoiding(self, more: Iterable[str]) -> Choice:
+        """This choice with ``more`` buffer types or groups avoided as well."""
+        if not self.extras:
+            return self
+        return Choice(avoid=tuple(sorted({*self.avoid, *more})))
+
+
+def lib_dir(llama_cpp: Any) -> Path:
+    """The directory llama-cpp-python loaded its libraries from: its own ``lib/``, or
+    ``LLAMA_CPP_LIB_PATH`` where that is set (another build, tried without installing it)."""
+    base = getattr(getattr(llama_cpp, "llama_cpp", None), "_base_path", None)
+    return Path(base) if base is not None else Path(llama_cpp.__file__).parent / "lib"
 
 
 class Ggml:
@@ -100,7 +136,7 @@ class Ggml:
     def __init__(self, llama_cpp: Any) -> None:
         from llama_cpp import _ctypes_extensions
 
-        libdir = Path(llama_cpp.__file__).parent / "lib"
+        libdir = lib_dir(llama_cpp)
         libs = []
         for name in ("ggml", "ggml-base", "ggml-cpu"):
             try:
@@ -222,20 +258,43 @@ def _choice(
     return PLAIN
 
 
+def _avoided(buft: str, ggml_type: int, avoid: frozenset[str]) -> bool:
+    return buft in avoid or group_name(buft, ggml_type) in avoid
+
+
 def moved_tensors(g: Ggml, tensors: Iterable[TensorInfo], avoid: frozenset[str]) -> dict[str, str]:
     """tensor name -> the buffer type it goes to instead, for every 2-D weight that llama.cpp
-    would place in one of the ``avoid`` types (the others stay where llama.cpp puts them)."""
+    would place in one of the ``avoid`` types or groups (the others stay where llama.cpp puts
+    them)."""
     extras = g.extra_types()
-    kept = [(n, p) for n, p in extras.items() if n not in avoid]
     every = list(extras.items())
     moved: dict[str, str] = {}
     for t in tensors:
         if len(t.dims) != 2:
             continue  # norms and biases (1-D) are not matrix weights; 3-D: see the module doc
-        if _choice(g, every, t) not in avoid:
+        if not _avoided(_choice(g, every, t), t.ggml_type, avoid):
             continue
+        kept = [(n, p) for n, p in every if not _avoided(n, t.ggml_type, avoid)]
         moved[t.name] = PLAIN if t.name in ROW_LOOKUP else _choice(g, kept, t)
     return moved
+
+
+def weight_groups(g: Ggml, tensors: Iterable[TensorInfo], choice: Choice) -> dict[str, int]:
+    """``BUFT/TYPE`` -> how many matrix weights a load with ``choice`` places there, for the
+    extra buffer types only (the plain buffer's kernels are not optional)."""
+    if not choice.extras:
+        return {}
+    avoid = frozenset(choice.avoid)
+    kept = [(n, p) for n, p in g.extra_types().items() if n not in avoid]
+    out: dict[str, int] = defaultdict(int)
+    for t in tensors:
+        if len(t.dims) != 2 or t.name in ROW_LOOKUP:
+            continue
+        types = [(n, p) for n, p in kept if not _avoided(n, t.ggml_type, avoid)]
+        buft = _choice(g, types, t)
+        if buft != PLAIN:
+            out[group_name(buft, t.ggml_type)] += 1
+    return dict(sorted(out.items()))
 
 
 def group_patterns(moved: dict[str, str]) -> tuple[Override, ...]:

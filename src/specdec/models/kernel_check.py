@@ -165,7 +165,9 @@ def checks_dir(root: Path | None = None) -> Path:
 
 def build_id(llama_cpp: Any) -> str:
     """SHA-256 over the shared libraries llama-cpp-python loads (another build: another id)."""
-    libdir = Path(llama_cpp.__file__).parent / "lib"
+    from specdec.models.ggml_bufts import lib_dir
+
+    libdir = lib_dir(llama_cpp)
     h = hashlib.sha256()
     for f in sorted(libdir.glob("*")):
         if f.is_file() and not f.is_symlink():

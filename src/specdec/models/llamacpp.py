@@ -21,18 +21,20 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
 * ``exact=True``: every logits row is bit-identical whatever the number of tokens in its pass,
   so speculative output equals plain decoding's token for token (``models.exact``). On ggml's
   CPU backend a row's bits depend on the pass size through four kernel switches, each
-  avoided here: the repacked weights' gemm (4+ rows; repack is turned off), the tiled K-quant
-  path (8+ rows; ``GGML_CPU_TILED_MM=0`` for the whole process, as ggml reads it once),
-  attention without flash attention (batched F16 mat-muls from 2 rows; flash attention is
-  turned on) and flash attention's one-token path, which splits the KV range across threads
-  once 512+ cells are in use (only when K and V have the same F16/F32 type, so the cache
-  holds F16 keys and Q8_0 values: F16 values would take that split, and Q8_0 values measured
-  faster here than BF16 ones, whose per-cell conversion made decode at 1,500 tokens 3x slower
-  on the small test model).
-  Every row then goes through one dot product per output element, which does not depend
-  on the batch. The model checks itself at load (``models.exact.self_check``) and refuses
-  to run if any row differs. It costs decode speed where repacked kernels are faster, and
-  prefill speed (no tiled path); ``benchmarks/exact_cost.py`` measures both.
+  avoided here: optional kernels whose n-row path sums in another order than their one-row
+  path (on x86 the repacked Q4_K gemm, 4+ rows: ``models.exact_kernels`` finds them per
+  buffer type and weight type, in child processes, once per build, machine and model, and
+  moves only those weights to the plain kernels; the others keep their repacked kernels),
+  the tiled K-quant path (8+ rows; ``GGML_CPU_TILED_MM=0`` for the whole process, as ggml
+  reads it once), attention without flash attention (batched F16 mat-muls from 2 rows; flash
+  attention is turned on) and flash attention's one-token path, which splits the KV range
+  across threads once 512+ cells are in use (only when K and V have the same F16/F32 type,
+  so the cache holds F16 keys and Q8_0 values: F16 values would take that split, and Q8_0
+  values measured faster here than BF16 ones, whose per-cell conversion made decode at 1,500
+  tokens 3x slower on the small test model).
+  The model checks itself at load (``models.exact.self_check``) and refuses to run if any
+  row differs. It costs decode speed where the moved kernels are faster, and prefill speed
+  (no tiled path); ``benchmarks/exact_cost.py`` measures both.
 * ``pad_to``: a pass over n real tokens with ``pad_min <= n < pad_to`` is run as ``pad_to``
   rows. The pad rows come after the real ones (so causal attention keeps them out of the real
   rows), are marked non-output, and their cache cells are removed right after the pass with
@@ -53,6 +55,7 @@ import torch
 
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.base import check_extend_args, check_truncate_args
+from specdec.models.exact_kernels import EXACT_KV, TILED_ENV, ExactVerdict, exact_verdict
 from specdec.models.ggml_bufts import Choice
 from specdec.models.kernel_check import (
     CheckSettings,
@@ -84,18 +87,17 @@ def _import_llama() -> Any:
     return llama_cpp
 
 
-# ggml reads this once per process, at its first K-quant matrix product
-TILED_ENV = "GGML_CPU_TILED_MM"
-EXACT_KV = ("f16", "q8_0")  # K and V cache types under exact numerics (see the module doc)
+# TILED_ENV: ggml reads it once per process, at its first K-quant matrix product; EXACT_KV:
+# the K and V cache types under exact numerics (see the module doc)
 
 
 def _exact_settings(
     repack: bool | None, flash_attn: bool, type_k: str, type_v: str
 ) -> tuple[bool, bool, str, str]:
     """The settings exact numerics need (refusing contradicting ones), and ggml's tiled K-quant
-    path switched off for this process unless the environment already says so."""
-    if repack:
-        raise ConfigError("exact numerics need repack off (llama.cpp's repacked gemm is batched)")
+    path switched off for this process unless the environment already says so. Repack stays
+    as asked (on by default): the optional kernels that break row invariance are moved off per
+    weight type at load (``models.exact_kernels``)."""
     if (type_k, type_v) not in (("f16", "f16"), EXACT_KV):
         raise ConfigError(
             f"exact numerics set the KV cache types themselves ({'/'.join(EXACT_KV)})"
@@ -106,7 +108,7 @@ def _exact_settings(
             f"exact numerics need ggml's tiled matrix path off, but {TILED_ENV}={tiled!r} is set"
         )
     del flash_attn  # exact numerics always run flash attention
-    return False, True, *EXACT_KV
+    return repack is not False, True, *EXACT_KV
 
 
 def default_pad_min(pad_to: int) -> int:
@@ -234,6 +236,7 @@ class LlamaCppLM:
         exact: bool = False,
         verbose: bool = False,
         check_kernels: bool = True,
+        kernels: Choice | None = None,
         log: Log = stderr_log,
     ) -> None:
         """n_ubatch defaults to n_batch, n_threads_batch to n_threads (both as before these
@@ -241,8 +244,9 @@ class LlamaCppLM:
         ``default_pad_min(pad_to)``. repack defaults to on (off with ``exact``). With repack
         on, the build's optional kernels are checked on this machine first
         (``models.kernel_check``, cached; ``log`` hears what it turns off) unless
-        ``check_kernels`` is False. See the module docstring for repack, padding and exact
-        numerics."""
+        ``check_kernels`` is False; ``kernels`` names the choice of optional kernels outright
+        (no check, no exact-numerics verdict: the probes' children). See the module docstring
+        for repack, padding and exact numerics."""
         from specdec.hub.gguf import check_gguf_header
 
         if exact:
@@ -281,8 +285,11 @@ class LlamaCppLM:
                 raise ConfigError(f"{label} must be one of {', '.join(KV_TYPES)}, got {kv!r}")
         threads = n_threads or max(1, os.cpu_count() or 1)
         self.kernels: KernelVerdict | None = None
+        self.exact_kernels: ExactVerdict | None = None
         choice = Choice(extras=False)
-        if repack:
+        if kernels is not None:
+            choice = kernels
+        elif repack:
             if check_kernels:
                 self.kernels = kernel_verdict(
                     path, header, CheckSettings(n_threads=threads), log=log, device=device
@@ -290,6 +297,9 @@ class LlamaCppLM:
                 choice = Choice.parse(self.kernels.choice)
             else:
                 choice = Choice()
+            if exact:
+                self.exact_kernels = exact_verdict(path, header.tensors, choice, threads, log=log)
+                choice = choice.avoiding(self.exact_kernels.avoid)
         if not choice.extras and not has_param_field(llama_cpp, "use_extra_bufts"):
             raise ConfigError(
                 "loading without llama.cpp's extra buffer types needs a newer "

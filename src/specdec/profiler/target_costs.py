@@ -47,8 +47,9 @@ def costs_key(cfg: ModelConfig) -> str:
         "ns": list(PROFILE_NS),
         "format": FORMAT,
     }
-    if cfg.exact:  # other kernels, other costs (absent otherwise, so older keys still hold)
-        settings["exact"] = True
+    if cfg.exact:  # other kernels, other costs (absent otherwise, so older keys still hold);
+        # 2: exact numerics keep the row-invariant optional kernels (models.exact_kernels)
+        settings["exact"] = 2
     return cache.profile_key(target=cfg.model, drafts=(), settings=settings, prompts=[])
 
 

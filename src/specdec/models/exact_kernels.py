@@ -1,0 +1,326 @@
+"""Which of llama.cpp's optional kernels exact numerics may keep on this machine.
+
+Exact numerics (``models.exact``) need every row of an n-token pass to equal, bit for bit,
+the row a one-token pass gives. Whether an optional kernel keeps that depends on the kernel,
+so on the weight type it runs for: on x86 the repacked Q4_K gemm (4+ rows) sums in another
+order than its one-row gemv, while other repacked kernels may not
+(``benchmarks/kernel_rows.py`` measures it per group; docs/certify.md has the table). Turning
+every optional kernel off (what exact numerics did first) costs ~40 % of decode speed on
+AVX-512 machines, so this module decides per *group* (``BUFT/TYPE``, ``models.ggml_bufts``):
+
+1. the groups a load with the kernel check's choice would use (none: nothing to decide);
+2. a child process loads the model with all of them and exact numerics' other settings (tiled
+   K-quant path off, flash attention, F16 keys / Q8_0 values) and compares passes of
+   ``PROBE_ROWS`` rows with one-token passes bitwise (``models.exact.check_rows_exact``);
+3. if any row differs: one child per group, that group alone on its optional kernel; the
+   groups whose rows differ (or whose child fails) are avoided.
+
+The verdict is cached per llama.cpp build, CPU (model and flags), model file, kernel choice
+and thread count (one small JSON file in ``<store>/exact-checks``). The load-time self-check
+(``models.exact.self_check``) still runs on every load with the resulting choice: a verdict
+that no longer holds refuses exact mode there.
+
+``SPECDEC_TEST_ROWS_FAULT=GROUP`` is the test hook: a child in which that group is in use
+reports its rows as differing, so that moving a group off can be tested on machines whose
+kernels are all row-invariant.
+
+    python -m specdec.models.exact_kernels MODEL --threads N --choice all|avoid:A,B
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import ModelLoadError
+from specdec.models.ggml_bufts import Choice
+from specdec.models.kernel_check import Log, stderr_log
+
+SCHEMA = 1
+# past every row-count switch of ggml's CPU kernels (sgemm 2, repack gemm 4 with a gemv
+# tail, tiled 8, a 16-row repack block) up to the loop's longest pass (a draft of 64)
+PROBE_ROWS = (2, 3, 4, 5, 8, 9, 16, 17, 65)
+PROBE_CONTEXT = 20
+CHILD_TIMEOUT_S = 900.0
+FAULT_ENV = "SPECDEC_TEST_ROWS_FAULT"
+CHECKS_DIR_ENV = "SPECDEC_EXACT_CHECKS"
+TILED_ENV = "GGML_CPU_TILED_MM"
+EXACT_KV = ("f16", "q8_0")
+_MAX_CACHE_BYTES = 1 << 20
+_TEXT = "Exact numerics: the same logits whatever the pass size.\ndef f(x):\n    return x + 1\n"
+
+
+@dataclass(frozen=True)
+class GroupTrial:
+    """One child: the groups it kept, whether every row was identical, and the evidence."""
+
+    kept: tuple[str, ...]
+    exact: bool
+    detail: str  # "row 1 of a 4-token pass differs by 0.37", "identical", "exit 1: ..."
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ExactVerdict:
+    """The groups exact numerics avoid on top of the kernel check's ``choice``."""
+
+    choice: str  # the kernel check's choice this verdict starts from
+    groups: tuple[str, ...]  # the groups that choice uses
+    avoid: tuple[str, ...]  # the ones whose rows depend on the pass size
+    trials: tuple[GroupTrial, ...] = ()
+    key: str = ""
+    seconds: float = 0.0
+    cached: bool = False
+    model: str = ""
+    created: str = ""
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        return tuple(g for g in self.groups if g not in self.avoid)
+
+    def notice(self) -> str | None:
+        """One line when a group is moved off its optional kernel (None otherwise)."""
+        if not self.avoid:
+            return None
+        bad = next((t for t in self.trials if not t.exact), None)
+        why = f" ({bad.detail})" if bad else ""
+        keeps = f"; kept: {', '.join(self.kept)}" if self.kept else ""
+        return (
+            f"exact numerics: {', '.join(self.avoid)} give rows that depend on the pass "
+            f"size{why}; those weights run on the plain kernels{keeps}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExactVerdict:
+        Choice.parse(str(data["choice"]))
+        return cls(
+            choice=str(data["choice"]),
+            groups=tuple(str(g) for g in data["groups"]),
+            avoid=tuple(str(g) for g in data["avoid"]),
+            trials=tuple(
+                GroupTrial(tuple(t["kept"]), bool(t["exact"]), str(t["detail"]), t["seconds"])
+                for t in data.get("trials", ())
+            ),
+            key=str(data.get("key", "")),
+            model=str(data.get("model", "")),
+            created=str(data.get("created", "")),
+        )
+
+
+def checks_dir(root: Path | None = None) -> Path:
+    if root is not None:
+        return root
+    env = os.environ.get(CHECKS_DIR_ENV, "").strip()
+    if env:
+        return Path(env).expanduser()
+    from specdec.hub.paths import default_cache_dir
+
+    return default_cache_dir() / "exact-checks"
+
+
+def verdict_key(
+    llama_cpp: Any, path: Path, choice: Choice, groups: Sequence[str], threads: int, fault: str
+) -> str:
+    from specdec.machine import all_cpu_flags, cpu_model
+    from specdec.models.kernel_check import build_id
+
+    try:
+        version = metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        version = getattr(llama_cpp, "__version__", "unknown")
+    st = path.stat()
+    blob = {
+        "schema": SCHEMA,
+        "cpu": cpu_model(),
+        "flags": hashlib.sha256(" ".join(all_cpu_flags()).encode()).hexdigest(),
+        "llama_cpp_python": version,
+        "build": build_id(llama_cpp),
+        "model": [path.name, st.st_size, st.st_mtime_ns],
+        "choice": choice.text(),
+        "groups": list(groups),
+        "threads": threads,
+        "rows": list(PROBE_ROWS),
+        "fault": fault,
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _child(path: Path, choice: Choice, threads: int, fault: str) -> tuple[bool, str, float]:
+    """(every row identical, evidence, seconds) of one probe child."""
+    env = {**os.environ, TILED_ENV: "0"}
+    if fault:
+        env[FAULT_ENV] = fault
+    cmd = [sys.executable, "-m", "specdec.models.exact_kernels", str(path)]
+    cmd += ["--threads", str(threads), "--choice", choice.text()]
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, errors="replace",
+            timeout=CHILD_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return False, f"no result after {CHILD_TIMEOUT_S:.0f} s", time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    try:
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        return bool(result["exact"]), str(result["detail"]), seconds
+    except (IndexError, ValueError, KeyError, TypeError):
+        from specdec.printable import printable
+
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return False, f"exit {done.returncode}: {printable(last, 200)}", seconds
+
+
+def run_check(
+    path: Path, choice: Choice, groups: Sequence[str], threads: int, fault: str
+) -> tuple[tuple[str, ...], tuple[GroupTrial, ...]]:
+    """(groups to avoid, trials): all groups together first, then one at a time."""
+    ok, detail, secs = _child(path, choice, threads, fault)
+    trials = [GroupTrial(tuple(groups), ok, detail, round(secs, 2))]
+    if ok:
+        return (), tuple(trials)
+    if len(groups) == 1:
+        return tuple(groups), tuple(trials)
+    avoid = []
+    for g in groups:
+        alone = choice.avoiding(x for x in groups if x != g)
+        ok, detail, secs = _child(path, alone, threads, fault)
+        trials.append(GroupTrial((g,), ok, detail, round(secs, 2)))
+        if not ok:
+            avoid.append(g)
+    return tuple(avoid), tuple(trials)
+
+
+def _read_entry(path: Path) -> ExactVerdict | None:
+    from specdec.hub.safe_paths import read_regular
+
+    raw = read_regular(path, _MAX_CACHE_BYTES)
+    if raw is None:
+        return None
+    try:
+        return replace(ExactVerdict.from_dict(json.loads(raw.decode("utf-8"))), cached=True)
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None  # a damaged entry is checked again
+
+
+def cached_verdicts(root: Path | None = None) -> list[ExactVerdict]:
+    """Every verdict in the cache (for ``specdec doctor``), newest first."""
+    directory = checks_dir(root)
+    if not directory.is_dir():
+        return []
+    found = [v for p in sorted(directory.glob("*.json")) if (v := _read_entry(p)) is not None]
+    return sorted(found, key=lambda v: v.created, reverse=True)
+
+
+def exact_verdict(
+    path: Path,
+    tensors: Sequence[Any],
+    choice: Choice,
+    threads: int,
+    *,
+    log: Log = stderr_log,
+    root: Path | None = None,
+) -> ExactVerdict:
+    """The groups exact numerics avoid when ``path`` loads with ``choice`` (the kernel
+    check's): cached, or checked now in child processes (and cached)."""
+    import llama_cpp
+
+    from specdec.models.ggml_bufts import ggml, weight_groups
+
+    groups = tuple(weight_groups(ggml(llama_cpp), tensors, choice))
+    if not groups:
+        return ExactVerdict(choice.text(), (), ())
+    fault = os.environ.get(FAULT_ENV, "")
+    key = verdict_key(llama_cpp, path, choice, groups, threads, fault)
+    directory = checks_dir(root)
+    hit = _read_entry(directory / f"{key}.json")
+    if hit is not None and hit.key == key:
+        if hit.notice():
+            log(hit.notice() or "")
+        return hit
+    log(
+        f"checking which optional kernels keep exact numerics ({', '.join(groups)}) on this "
+        "machine once: bitwise row checks in child processes (cached)"
+    )
+    t0 = time.perf_counter()
+    avoid, trials = run_check(path, choice, groups, threads, fault)
+    verdict = ExactVerdict(
+        choice=choice.text(),
+        groups=groups,
+        avoid=avoid,
+        trials=trials,
+        key=key,
+        seconds=round(time.perf_counter() - t0, 2),
+        model=path.name,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    try:
+        from specdec.hub.safe_paths import real_dir, write_new
+
+        d = real_dir(directory.parent, directory.name)
+        write_new(d / f"{key}.json", json.dumps(verdict.to_dict(), indent=1).encode())
+    except (OSError, ModelLoadError) as e:  # an unwritable cache costs a check next time
+        log(f"could not cache the exact-numerics check in {directory}: {e}")
+    if verdict.notice():
+        log(verdict.notice() or "")
+    return verdict
+
+
+def probe(path: str, choice: Choice, threads: int, fault: str) -> dict[str, Any]:
+    """In the child: load with ``choice`` and exact numerics' other settings, compare passes
+    of ``PROBE_ROWS`` rows with one-token passes bitwise."""
+    from specdec.models.exact import check_rows_exact
+    from specdec.models.ggml_bufts import ggml, weight_groups
+    from specdec.models.llamacpp import LlamaCppLM
+
+    need = PROBE_CONTEXT + max(PROBE_ROWS)
+    lm = LlamaCppLM(
+        path, n_ctx=need + 8, n_threads=threads, kernels=choice, flash_attn=True,
+        type_k=EXACT_KV[0], type_v=EXACT_KV[1],
+    )  # fmt: skip
+    ids = lm.tokenizer.encode(_TEXT, add_special_tokens=False)
+    ids = [i % lm.vocab_size for i in (ids * (need // max(1, len(ids)) + 1))[:need]]
+    checks = check_rows_exact(lm, ids[:PROBE_CONTEXT], ids[PROBE_CONTEXT:], PROBE_ROWS)
+    bad = next((c for c in checks if not c.exact), None)
+    if bad is not None:
+        detail = f"row {bad.first_row} of a {bad.n}-token pass differs by {bad.max_abs:.3g}"
+    else:
+        detail = "identical"
+    import llama_cpp
+
+    from specdec.hub.gguf import check_gguf_header
+
+    if fault and fault in weight_groups(ggml(llama_cpp), check_gguf_header(path).tensors, choice):
+        bad, detail = checks[0], f"injected for {fault} ({FAULT_ENV})"
+    return {"exact": bad is None, "detail": detail}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specdec.models.exact_kernels")
+    ap.add_argument("model")
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--choice", required=True)
+    args = ap.parse_args(argv)
+    result = probe(
+        args.model, Choice.parse(args.choice), args.threads, os.environ.get(FAULT_ENV, "")
+    )
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
