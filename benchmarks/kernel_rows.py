@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     import llama_cpp
 
-    from specdec.machine import cpu_model
+    from specdec.util.machine import cpu_model
 
     report: dict[str, Any] = {"results": {}}
     if args.json and args.json.is_file():  # earlier models' results stay (--merge)

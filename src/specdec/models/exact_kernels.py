@@ -135,8 +135,8 @@ def checks_dir(root: Path | None = None) -> Path:
 def verdict_key(
     llama_cpp: Any, path: Path, choice: Choice, groups: Sequence[str], threads: int, fault: str
 ) -> str:
-    from specdec.machine import all_cpu_flags, cpu_model
     from specdec.models.kernel_check import build_id
+    from specdec.util.machine import all_cpu_flags, cpu_model
 
     try:
         version = metadata.version("llama_cpp_python")
@@ -179,7 +179,7 @@ def _child(path: Path, choice: Choice, threads: int, fault: str) -> tuple[bool, 
         result = json.loads(done.stdout.strip().splitlines()[-1])
         return bool(result["exact"]), str(result["detail"]), seconds
     except (IndexError, ValueError, KeyError, TypeError):
-        from specdec.printable import printable
+        from specdec.util.printable import printable
 
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         return False, f"exit {done.returncode}: {printable(last, 200)}", seconds
