@@ -134,6 +134,23 @@ def exact_check(
     return out
 
 
+def _stderr_log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def exact_check_in_child(
+    path: Path, prompts: list[Any], n: int, n_new: int, threads: int
+) -> list[dict[str, Any]]:
+    """``exact_check`` in a fresh process: ggml reads GGML_CPU_TILED_MM once per process, at
+    its first K-quant product, so after this process's default-numerics decoders the tiled
+    path is on for good and exact numerics' load-time self-check refuses the model (as it
+    must: a 9-row pass then differs from one-token passes)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(exact_check, (path, prompts, n, n_new, threads, _stderr_log))
+
+
 def report(data: dict[str, Any]) -> bool:
     """Print the tables and the rule's verdict; True when the rule is met."""
     machine = data["machine_line"]
@@ -419,8 +436,8 @@ def main() -> int:
         from specdec.models.exact import NotExactError
 
         try:
-            data["exact"] = exact_check(
-                path, edits, args.exact_check, args.new_tokens, args.threads, log
+            data["exact"] = exact_check_in_child(
+                path, edits, args.exact_check, args.new_tokens, args.threads
             )
         except NotExactError as e:  # this build and machine refuse exact numerics
             data["exact"] = []

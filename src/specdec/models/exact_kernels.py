@@ -24,12 +24,11 @@ that no longer holds refuses exact mode there.
 reports its rows as differing, so that moving a group off can be tested on machines whose
 kernels are all row-invariant.
 
-    python -m specdec.models.exact_kernels MODEL --threads N --choice all|avoid:A,B
+    python -m specdec.models.exact_probe MODEL --threads N --choice all|avoid:A,B
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -58,7 +57,9 @@ CHECKS_DIR_ENV = "SPECDEC_EXACT_CHECKS"
 TILED_ENV = "GGML_CPU_TILED_MM"
 EXACT_KV = ("f16", "q8_0")
 _MAX_CACHE_BYTES = 1 << 20
-_TEXT = "Exact numerics: the same logits whatever the pass size.\ndef f(x):\n    return x + 1\n"
+PROBE_TEXT = (
+    "Exact numerics: the same logits whatever the pass size.\ndef f(x):\n    return x + 1\n"
+)
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ def _child(path: Path, choice: Choice, threads: int, fault: str) -> tuple[bool, 
     env = {**os.environ, TILED_ENV: "0"}
     if fault:
         env[FAULT_ENV] = fault
-    cmd = [sys.executable, "-m", "specdec.models.exact_kernels", str(path)]
+    cmd = [sys.executable, "-m", "specdec.models.exact_probe", str(path)]
     cmd += ["--threads", str(threads), "--choice", choice.text()]
     t0 = time.perf_counter()
     try:
@@ -278,49 +279,3 @@ def exact_verdict(
     if verdict.notice():
         log(verdict.notice() or "")
     return verdict
-
-
-def probe(path: str, choice: Choice, threads: int, fault: str) -> dict[str, Any]:
-    """In the child: load with ``choice`` and exact numerics' other settings, compare passes
-    of ``PROBE_ROWS`` rows with one-token passes bitwise."""
-    from specdec.models.exact import check_rows_exact
-    from specdec.models.ggml_bufts import ggml, weight_groups
-    from specdec.models.llamacpp import LlamaCppLM
-
-    need = PROBE_CONTEXT + max(PROBE_ROWS)
-    lm = LlamaCppLM(
-        path, n_ctx=need + 8, n_threads=threads, kernels=choice, flash_attn=True,
-        type_k=EXACT_KV[0], type_v=EXACT_KV[1],
-    )  # fmt: skip
-    ids = lm.tokenizer.encode(_TEXT, add_special_tokens=False)
-    ids = [i % lm.vocab_size for i in (ids * (need // max(1, len(ids)) + 1))[:need]]
-    checks = check_rows_exact(lm, ids[:PROBE_CONTEXT], ids[PROBE_CONTEXT:], PROBE_ROWS)
-    bad = next((c for c in checks if not c.exact), None)
-    if bad is not None:
-        detail = f"row {bad.first_row} of a {bad.n}-token pass differs by {bad.max_abs:.3g}"
-    else:
-        detail = "identical"
-    import llama_cpp
-
-    from specdec.hub.gguf import check_gguf_header
-
-    if fault and fault in weight_groups(ggml(llama_cpp), check_gguf_header(path).tensors, choice):
-        bad, detail = checks[0], f"injected for {fault} ({FAULT_ENV})"
-    return {"exact": bad is None, "detail": detail}
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specdec.models.exact_kernels")
-    ap.add_argument("model")
-    ap.add_argument("--threads", type=int, required=True)
-    ap.add_argument("--choice", required=True)
-    args = ap.parse_args(argv)
-    result = probe(
-        args.model, Choice.parse(args.choice), args.threads, os.environ.get(FAULT_ENV, "")
-    )
-    print(json.dumps(result), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
