@@ -44,7 +44,7 @@ from typing import Any
 
 from specdec.errors import ModelLoadError
 from specdec.models.ggml_bufts import Choice
-from specdec.models.kernel_check import Log, stderr_log
+from specdec.models.kernel_check import Log, stderr_log, verdict_dir
 
 SCHEMA = 1
 # past every row-count switch of ggml's CPU kernels (sgemm 2, repack gemm 4 with a gemv
@@ -123,14 +123,7 @@ class ExactVerdict:
 
 
 def checks_dir(root: Path | None = None) -> Path:
-    if root is not None:
-        return root
-    env = os.environ.get(CHECKS_DIR_ENV, "").strip()
-    if env:
-        return Path(env).expanduser()
-    from specdec.hub.paths import default_cache_dir
-
-    return default_cache_dir() / "exact-checks"
+    return verdict_dir(root, CHECKS_DIR_ENV, "exact-checks")
 
 
 def verdict_key(

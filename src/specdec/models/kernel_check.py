@@ -152,15 +152,21 @@ class CheckSettings:
     fault: str | None = field(default_factory=lambda: os.environ.get(FAULT_ENV) or None)
 
 
-def checks_dir(root: Path | None = None) -> Path:
+def verdict_dir(root: Path | None, env_name: str, subdir: str) -> Path:
+    """Where a check caches its verdicts: ``root``, else ``$env_name``, else the store's
+    ``subdir`` (the kernel check's and the exact-numerics check's alike)."""
     if root is not None:
         return root
-    env = os.environ.get(CHECKS_DIR_ENV, "").strip()
+    env = os.environ.get(env_name, "").strip()
     if env:
         return Path(env).expanduser()
     from specdec.hub.paths import default_cache_dir
 
-    return default_cache_dir() / "kernel-checks"
+    return default_cache_dir() / subdir
+
+
+def checks_dir(root: Path | None = None) -> Path:
+    return verdict_dir(root, CHECKS_DIR_ENV, "kernel-checks")
 
 
 def build_id(llama_cpp: Any) -> str:
