@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SPECDEC := $(VENV)/bin/specdec
 
-.PHONY: install demo test test-slow test-all lint models-test lowest-transformers
+.PHONY: install demo test test-slow test-all lint models-test lowest-transformers exact-build test-exact
 
 # llama-cpp-python is built from source for this machine by src/specdec/build_flags.py (it
 # prints what it passes and why): the native build (-march=native), except on CPUs with AMX
@@ -48,6 +48,20 @@ test-slow: install models-test
 	$(PY) -m pytest -m slow
 
 test-all: test test-slow
+
+# Opt-in: llama-cpp-python with patches/ggml-cpu-repack-row-invariant.patch applied (its source
+# archive from PyPI, SHA-256 checked): repacked kernels that compute each row of an n-row
+# product as the one-row product does when GGML_CPU_REPACK_ROW_INVARIANT=1 (exact numerics set
+# it), so --exact keeps them. Without that variable it computes what the stock build does.
+# `make install` (and so `make test`) puts the stock build back; `make test-exact` runs the
+# patch's own bitwise tests on it.
+exact-build: install
+	$(PYTHON) src/specdec/build_flags.py --install-exact $(PY)
+	rm -f $(VENV)/.llama-*
+
+test-exact: exact-build
+	$(SPECDEC) models fetch smollm2-135m-instruct-q4_1
+	$(PY) -m pytest tests/test_exact_build.py
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -17,8 +17,18 @@ cached native build would be handed back for a changed flag set. The wheel is th
 with pip's cache off into ``.whl/llama-<key>/``, where the key covers the package version, the
 flags and the compiler, and installed from there; a later install with the same key reuses it.
 
+The **exact build** (``make exact-build``, opt-in) is the same build with one patch applied to
+the llama.cpp that llama-cpp-python vendors: ``patches/ggml-cpu-repack-row-invariant.patch``
+gives ggml's repacked CPU kernels a row-invariant mode (``GGML_CPU_REPACK_ROW_INVARIANT=1``,
+off unless set; specdec's exact numerics set it), in which an n-row product computes every
+row as the one-row product does. The source archive comes from the package index and is
+checked against its pinned SHA-256 before it is unpacked; the wheel goes to
+``.whl/llama-exact-<key>/`` (the key also covers the patch). ``make install`` puts the stock
+build back.
+
     python src/specdec/build_flags.py --explain          # what would be built, and why
     python src/specdec/build_flags.py --install VENV_PY  # build (or reuse) and install it
+    python src/specdec/build_flags.py --install-exact VENV_PY  # the patched build
 """
 
 from __future__ import annotations
@@ -31,11 +41,17 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PACKAGE = "llama-cpp-python==0.3.36"  # the version specdec is tested and measured with
+# its source archive on PyPI (files there never change), checked before the exact build uses it
+SDIST = "llama_cpp_python-0.3.36.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+PATCH = Path(__file__).resolve().parents[2] / "patches" / "ggml-cpu-repack-row-invariant.patch"
 FIRST_GOOD_GCC = 13
 # /proc/cpuinfo flag(s) -> the GGML option that compiles for them (ggml/CMakeLists.txt)
 ISA_OPTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -159,6 +175,86 @@ def install(python: str, plan: BuildPlan, wheels: Path, package: str = PACKAGE) 
     return record
 
 
+def exact_key(plan: BuildPlan, patch: bytes, package: str = PACKAGE) -> str:
+    """The key of the patched build: the stock build's key and the patch's bytes."""
+    blob = json.dumps([plan.key(package), hashlib.sha256(patch).hexdigest()])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch_sdist(python: str, cache: Path) -> Path:
+    """The source archive from the package index (cached in ``cache``), SHA-256 checked."""
+    archive = cache / SDIST
+    if not archive.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        _run([python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+              "-d", str(cache), PACKAGE], dict(os.environ))  # fmt: skip
+    got = _sha256(archive)
+    if got != SDIST_SHA256:
+        archive.unlink()
+        raise SystemExit(f"{archive}: SHA-256 {got} is not the pinned {SDIST_SHA256}; removed")
+    return archive
+
+
+def apply_patch(tree: Path, patch: Path) -> None:
+    """Apply ``patch`` (paths relative to llama.cpp's root) to the vendored llama.cpp."""
+    root = tree / "vendor" / "llama.cpp"
+    if shutil.which("patch"):
+        cmd = ["patch", "--batch", "--forward", "-p1", "-d", str(root), "-i", str(patch)]
+    else:
+        cmd = ["git", "apply", "-p1", f"--directory={root}", str(patch)]
+    _run(cmd, dict(os.environ))
+
+
+def build_exact_wheel(
+    python: str, plan: BuildPlan, wheels: Path, patch: Path = PATCH, package: str = PACKAGE
+) -> Path:
+    """The patched wheel in ``wheels/llama-exact-<key>/``, built there (pip's cache off) from
+    the checked source archive unless it is there already."""
+    where = wheels / f"llama-exact-{exact_key(plan, patch.read_bytes(), package)}"
+    if not any(where.glob("llama_cpp_python-*.whl")):
+        archive = fetch_sdist(python, wheels / "sdist")
+        with tempfile.TemporaryDirectory(prefix="llama-exact-") as tmp:
+            with tarfile.open(archive) as tar:
+                tar.extractall(tmp, filter="data")
+            tree = next(Path(tmp).glob("llama_cpp_python-*"))
+            apply_patch(tree, patch)
+            where.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, "CMAKE_ARGS": " ".join(plan.cmake_args)}
+            _run([python, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps", "-w",
+                  str(where), str(tree)], env)  # fmt: skip
+    return sorted(where.glob("llama_cpp_python-*.whl"))[-1]
+
+
+def install_exact(
+    python: str, plan: BuildPlan, wheels: Path, patch: Path = PATCH, package: str = PACKAGE
+) -> Path:
+    """Build (or reuse) llama-cpp-python with ``patch`` applied and install it into the
+    environment of ``python``; the record names the patch."""
+    record = _prefix(python) / RECORD
+    key = exact_key(plan, patch.read_bytes(), package)
+    done = installed_record(str(record.parent))
+    importable = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True).returncode
+    if done is not None and done.get("key") == key and importable == 0:
+        print(f"llama-cpp-python: the exact build is installed already ({record})", flush=True)
+        return record
+    wheel = build_exact_wheel(python, plan, wheels, patch, package)
+    _run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(wheel)],
+         dict(os.environ))  # fmt: skip
+    _run([python, "-m", "pip", "install", package], dict(os.environ))  # its dependencies
+    patch_sha256 = hashlib.sha256(patch.read_bytes()).hexdigest()
+    made = {**asdict(plan), "package": package, "key": key, "patch": patch.name}
+    record.write_text(json.dumps({**made, "patch_sha256": patch_sha256}))
+    return record
+
+
 def _run(cmd: Sequence[str], env: dict[str, str]) -> None:
     print("+", " ".join(cmd), flush=True)
     subprocess.run(list(cmd), env=env, check=True)
@@ -178,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="llama-cpp-python's build flags for this machine")
     ap.add_argument("--explain", action="store_true", help="say what would be built and why")
     ap.add_argument("--install", metavar="PYTHON", help="build or reuse, then install into it")
+    ap.add_argument("--install-exact", metavar="PYTHON", help="the patched build (exact)")
     ap.add_argument("--key", action="store_true", help="print only the build's key")
     ap.add_argument("--wheels", type=Path, default=Path(".whl"))
     args = ap.parse_args(argv)
@@ -188,6 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(explain(plan), flush=True)
     if args.install:
         install(args.install, plan, args.wheels)
+    if args.install_exact:
+        print(f"  patch: {PATCH.name} (GGML_CPU_REPACK_ROW_INVARIANT)", flush=True)
+        install_exact(args.install_exact, plan, args.wheels)
     return 0
 
 
