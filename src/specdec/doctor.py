@@ -49,9 +49,25 @@ def _llama() -> dict[str, Any]:
         g = ggml(llama_cpp)
         out["optional_kernels"] = list(g.extra_types())
         out["gpu_devices"] = g.has_gpu()
+        out["exact_build"] = g.row_invariant_repack()
     except Exception as e:  # an unusual build: say so rather than fail the report
         out["optional_kernels"] = f"unreadable: {e}"
     return out
+
+
+def exact_build_text(exact_build: object) -> str:
+    """Which build is present, in the words doctor and the profile use."""
+    if exact_build is True:
+        return (
+            "exact build (patches/ggml-cpu-repack-row-invariant.patch): --exact keeps the "
+            "repacked kernels (row-invariant mode)"
+        )
+    if exact_build is False:
+        return (
+            "stock build: --exact moves the repacked groups whose rows differ to the plain "
+            "kernels (`make exact-build` makes the patched one)"
+        )
+    return "build kind unknown (its ggml could not be read)"
 
 
 def _kernel_checks() -> dict[str, Any]:
@@ -207,6 +223,7 @@ def _lines(r: dict[str, Any]) -> list[str]:
             f"  optional kernels (extra buffer types): "
             f"{', '.join(kernels) if isinstance(kernels, list) else kernels or 'none'}",
             f"  build: {made_text}",
+            "  " + exact_build_text(ll.get("exact_build")),
             f"  libraries: {ll.get('lib_dir')}"
             + (" (LLAMA_CPP_LIB_PATH: another build)" if ll.get("lib_path_env") else ""),
             f"  make install here would: {ll['build_plan_here']['reason']}",

@@ -15,6 +15,11 @@ AVX-512 machines, so this module decides per *group* (``BUFT/TYPE``, ``models.gg
 3. if any row differs: one child per group, that group alone on its optional kernel; the
    groups whose rows differ (or whose child fails) are avoided.
 
+On the exact build (``make exact-build``: ``patches/ggml-cpu-repack-row-invariant.patch``)
+exact numerics first switch the repacked kernels to their row-invariant mode
+(``use_row_invariant_kernels``); the same probe then finds every group invariant and nothing
+is moved, and a build or machine where the mode does not hold is caught by the same probe.
+
 The verdict is cached per llama.cpp build, CPU (model and flags), model file, kernel choice
 and thread count (one small JSON file in ``<store>/exact-checks``). The load-time self-check
 (``models.exact.self_check``) still runs on every load with the resulting choice: a verdict
@@ -55,6 +60,10 @@ CHILD_TIMEOUT_S = 900.0
 FAULT_ENV = "SPECDEC_TEST_ROWS_FAULT"
 CHECKS_DIR_ENV = "SPECDEC_EXACT_CHECKS"
 TILED_ENV = "GGML_CPU_TILED_MM"
+# the exact build's switch (patches/ggml-cpu-repack-row-invariant.patch): its repacked kernels
+# compute every row of an n-row product as the one-row product does; ggml reads it once per
+# process, at its first repacked product
+ROW_INVARIANT_ENV = "GGML_CPU_REPACK_ROW_INVARIANT"
 EXACT_KV = ("f16", "q8_0")
 _MAX_CACHE_BYTES = 1 << 20
 PROBE_TEXT = (
@@ -122,6 +131,17 @@ class ExactVerdict:
         )
 
 
+def use_row_invariant_kernels(llama_cpp: Any) -> bool:
+    """On the exact build, switch its repacked kernels to their row-invariant mode for this
+    process (unless the environment already says otherwise) and say whether it is on; False
+    on a stock build, where the probe moves the non-invariant groups off instead."""
+    from specdec.models.ggml_bufts import ggml
+
+    if not ggml(llama_cpp).row_invariant_repack():
+        return False
+    return os.environ.setdefault(ROW_INVARIANT_ENV, "1").strip() not in ("", "0")
+
+
 def checks_dir(root: Path | None = None) -> Path:
     return verdict_dir(root, CHECKS_DIR_ENV, "exact-checks")
 
@@ -149,6 +169,7 @@ def verdict_key(
         "threads": threads,
         "rows": list(PROBE_ROWS),
         "fault": fault,
+        "row_invariant": os.environ.get(ROW_INVARIANT_ENV, ""),
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:24]
 

@@ -41,6 +41,8 @@ from specdec.errors import ModelLoadError
 from specdec.hub.gguf import TensorInfo
 
 PLAIN = "CPU_Mapped"  # a plain CPU buffer that llama.cpp does not re-route through the extras
+# exported by the exact build only (patches/ggml-cpu-repack-row-invariant.patch)
+ROW_INVARIANT_SYMBOL = "ggml_cpu_repack_row_invariant_supported"
 REPACK = "CPU_REPACK"
 # tensors that llama.cpp reads by row (GGML_OP_GET_ROWS): their bytes must keep ggml's layout
 ROW_LOOKUP = frozenset({"token_embd.weight", "position_embd.weight", "token_types.weight"})
@@ -209,6 +211,11 @@ class Ggml:
             self.buffer_free(buffer)  # a from-pointer buffer frees nothing of the bytes
         assert self.buft_name(buft) == PLAIN.encode(), self.buft_name(buft)
         return buft
+
+    def row_invariant_repack(self) -> bool:
+        """Whether this build has the row-invariant mode of its repacked kernels (the exact
+        build, ``make exact-build``: ``patches/ggml-cpu-repack-row-invariant.patch``)."""
+        return any(getattr(lib, ROW_INVARIANT_SYMBOL, None) is not None for lib in self._libs)
 
     def has_gpu(self) -> bool:
         return any(

@@ -436,10 +436,12 @@ def build_summary(verdict: KernelVerdict | None) -> dict[str, Any]:
     import llama_cpp
 
     from specdec.build_flags import installed_record
+    from specdec.models.ggml_bufts import ggml
 
     return {
         "llama_cpp_python": getattr(llama_cpp, "__version__", None),
         "make_install": installed_record(),
+        "exact_build": ggml(llama_cpp).row_invariant_repack(),
         "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
         "kernels": None
         if verdict is None
@@ -462,4 +464,6 @@ def build_line(summary: dict[str, Any]) -> str:
         kernels = f"optional kernels {', '.join(k['listed'])}: {', '.join(k['disabled'])} off"
     else:
         kernels = f"optional kernels {', '.join(k['listed']) or 'none'} all kept"
-    return f"llama.cpp {summary.get('llama_cpp_python')} ({how}); {kernels} (kernel check)"
+    exact_build = summary.get("exact_build")  # None: a results file from before it was recorded
+    kind = "" if exact_build is None else "exact build; " if exact_build else "stock build; "
+    return f"llama.cpp {summary.get('llama_cpp_python')} ({kind}{how}); {kernels} (kernel check)"

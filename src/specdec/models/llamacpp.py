@@ -24,7 +24,10 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
   avoided here: optional kernels whose n-row path sums in another order than their one-row
   path (on x86 the repacked Q4_K gemm, 4+ rows: ``models.exact_kernels`` finds them per
   buffer type and weight type, in child processes, once per build, machine and model, and
-  moves only those weights to the plain kernels; the others keep their repacked kernels),
+  moves only those weights to the plain kernels; the others keep their repacked kernels. On
+  the exact build, ``make exact-build``, the repacked kernels have a row-invariant mode,
+  which exact numerics switch on for the process, ``GGML_CPU_REPACK_ROW_INVARIANT=1``, so
+  nothing is moved),
   the tiled K-quant path (8+ rows; ``GGML_CPU_TILED_MM=0`` for the whole process, as ggml
   reads it once), attention without flash attention (batched F16 mat-muls from 2 rows; flash
   attention is turned on) and flash attention's one-token path, which splits the KV range
@@ -55,7 +58,13 @@ import torch
 
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.base import check_extend_args, check_truncate_args
-from specdec.models.exact_kernels import EXACT_KV, TILED_ENV, ExactVerdict, exact_verdict
+from specdec.models.exact_kernels import (
+    EXACT_KV,
+    TILED_ENV,
+    ExactVerdict,
+    exact_verdict,
+    use_row_invariant_kernels,
+)
 from specdec.models.ggml_bufts import Choice
 from specdec.models.kernel_check import (
     CheckSettings,
@@ -286,6 +295,8 @@ class LlamaCppLM:
         threads = n_threads or max(1, os.cpu_count() or 1)
         self.kernels: KernelVerdict | None = None
         self.exact_kernels: ExactVerdict | None = None
+        # the exact build's row-invariant repacked kernels (on for exact numerics where built)
+        self.row_invariant = bool(exact) and use_row_invariant_kernels(llama_cpp)
         choice = Choice(extras=False)
         if kernels is not None:
             choice = kernels

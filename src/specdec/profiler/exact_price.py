@@ -124,7 +124,10 @@ def worker(path: str, numerics: str, n_threads: int | None) -> dict[str, float]:
 
 
 def run_worker(path: str, numerics: str, n_threads: int | None) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_TILED_MM"}
+    # each numerics sets ggml's once-per-process switches itself (exact: tiled path off, and
+    # the exact build's row-invariant repacked kernels on)
+    switches = ("GGML_CPU_TILED_MM", "GGML_CPU_REPACK_ROW_INVARIANT")
+    env = {k: v for k, v in os.environ.items() if k not in switches}
     if numerics == "exact":
         env["GGML_CPU_TILED_MM"] = "0"
     src = str(Path(__file__).resolve().parents[2])  # this checkout's package first
