@@ -12,8 +12,10 @@ alternated over ``--rounds`` rounds (A B C, C B A, ...) so that drift falls on a
   exact-none     (``--with-none``) exact numerics with every optional kernel off, as they
                  were before the per-group verdict (repack=False)
   exact-patched  (``--patched-lib DIR``) exact numerics on another llama.cpp build, loaded
-                 through LLAMA_CPP_LIB_PATH=DIR without installing it (a build whose kernels
-                 are row-invariant keeps them all)
+                 through LLAMA_CPP_LIB_PATH=DIR without installing it (the exact build, whose
+                 row-invariant repacked kernels exact numerics keep: ``make exact-build``)
+  default-patched  (with ``--patched-lib``) llama.cpp's defaults on that build (its row-
+                 invariant mode off): what the patch costs where it is not asked for
 
 In each process, on the default target (2 threads):
   * prefill throughput: a 512-token prompt, best of 2;
@@ -59,6 +61,7 @@ def settings(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     if getattr(args, "with_none", False):
         out["exact-none"] = dict(TILED_OFF)
     if getattr(args, "patched_lib", None):
+        out["default-patched"] = {"LLAMA_CPP_LIB_PATH": str(args.patched_lib)}
         out["exact-patched"] = {**TILED_OFF, "LLAMA_CPP_LIB_PATH": str(args.patched_lib)}
     return out
 
@@ -138,6 +141,7 @@ def worker(setting: str, threads: int, repeats: int, n_new: int) -> dict[str, An
     out_kernels = {
         "choice": lm.kernel_choice.text(),
         "lib_path": os.environ.get("LLAMA_CPP_LIB_PATH"),
+        "row_invariant": lm.row_invariant,
     }
     text = "\n".join(prompts() * 4)
     ids = lm.tokenizer.encode(text, add_special_tokens=False)
@@ -184,7 +188,7 @@ def worker(setting: str, threads: int, repeats: int, n_new: int) -> dict[str, An
 
 
 def run_worker(setting: str, args: argparse.Namespace) -> dict[str, Any]:
-    drop = ("GGML_CPU_TILED_MM", "LLAMA_CPP_LIB_PATH")
+    drop = ("GGML_CPU_TILED_MM", "LLAMA_CPP_LIB_PATH", "GGML_CPU_REPACK_ROW_INVARIANT")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(settings(args)[setting])
     src = str(Path(__file__).resolve().parent.parent / "src")

@@ -16,6 +16,10 @@ largest logit difference, and writes JSON with ``--json``.
   exact_f16_cache  exact without its cache types (F16 keys and values): flash attention's
                    one-token path then splits the KV range across threads from 512 cells on
   hf_float32 / hf_bfloat16   the transformers backend on the same GGUF (dequantized)
+  repack_row_invariant  exact's other settings with every optional kernel kept and the exact
+                   build's row-invariant repacked kernels on (GGML_CPU_REPACK_ROW_INVARIANT=1;
+                   on a stock build the variable does nothing: see make exact-build)
+  repack_stock     the same with that mode off (the repacked gemm from 4 rows)
 
     PYTHONPATH=src python benchmarks/exact_rows.py MODEL [--settings exact,default]
         [--threads 1,2,3] [--contexts 20,600,1100] [--ns 1-16] [--json out.json]
@@ -40,6 +44,14 @@ SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "exact": ({}, {"exact": True}),
     "default": ({}, {}),
     "exact_f16_cache": ({"GGML_CPU_TILED_MM": "0"}, {"repack": False, "flash_attn": True}),
+    "repack_row_invariant": (
+        {"GGML_CPU_TILED_MM": "0", "GGML_CPU_REPACK_ROW_INVARIANT": "1"},
+        {"kernels": "all", "flash_attn": True, "type_k": "f16", "type_v": "q8_0"},
+    ),
+    "repack_stock": (
+        {"GGML_CPU_TILED_MM": "0", "GGML_CPU_REPACK_ROW_INVARIANT": "0"},
+        {"kernels": "all", "flash_attn": True, "type_k": "f16", "type_v": "q8_0"},
+    ),
     "hf_float32": ({}, {"dtype": "float32"}),
     "hf_bfloat16": ({}, {"dtype": "bfloat16"}),
 }
@@ -72,8 +84,11 @@ def load(model: str, setting: str, threads: int, n_ctx: int) -> Any:
         from specdec.models.hf import load_hf
 
         return load_hf(path, n_ctx=n_ctx, n_threads=threads, **options)
+    from specdec.models.ggml_bufts import Choice
     from specdec.models.llamacpp import LlamaCppLM
 
+    if "kernels" in options:  # the optional kernels named outright (no check)
+        options = {**options, "kernels": Choice.parse(str(options["kernels"]))}
     return LlamaCppLM(path, n_ctx=n_ctx, n_threads=threads, **options)
 
 

@@ -1,0 +1,197 @@
+"""The exact build: llama-cpp-python with ``patches/ggml-cpu-repack-row-invariant.patch``
+(``make exact-build``; ``make test-exact`` runs this file on it).
+
+The patch gives ggml's repacked CPU kernels a row-invariant mode
+(``GGML_CPU_REPACK_ROW_INVARIANT=1``): every row of an n-row product is quantized and
+multiplied as a one-row product is, so exact numerics can keep the repacked kernels. Its
+bitwise test: on the small test model requantized to Q4_K_M (its feed-forward down
+projections are Q4_K, which ggml repacks on x86), with every optional kernel kept and exact
+numerics' other settings, each row of an n-token pass (n = 1..32, contexts 20 and 1,100,
+1-3 threads) equals the one-token row bit for bit with the mode on; with it off (the stock
+kernels, the fixture that must fail) rows differ. Each setting runs in a process of its own
+(ggml reads the switch once per process). The tests on the build skip, saying how to make
+it, on a stock build; the tests of how it is made run everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import specdec.build_flags as bf
+from tiny_models import llama_cpp_or_skip, store_model_or_skip
+
+Q4_K = "CPU_REPACK/Q4_K"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# --------------------------------------------------------------------------------------------
+# how the build is made (no build, no network)
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_patch_is_a_small_patch_of_the_repacked_kernels_only() -> None:
+    text = bf.PATCH.read_text()
+    files = [line.split()[-1] for line in text.splitlines() if line.startswith("+++ ")]
+    assert files == ["b/ggml/src/ggml-cpu/repack.cpp"]
+    added = [x for x in text.splitlines() if x.startswith("+") and not x.startswith("+++")]
+    assert 0 < len(added) <= 60
+    assert "GGML_CPU_REPACK_ROW_INVARIANT" in text
+    assert "ggml_cpu_repack_row_invariant_supported" in text  # what the product looks for
+
+
+def test_the_exact_build_has_a_key_of_its_own_that_covers_the_patch() -> None:
+    plan = bf.BuildPlan((), "native", "gcc 12", False)
+    key = bf.exact_key(plan, b"patch one")
+    assert key != plan.key()
+    assert key != bf.exact_key(plan, b"patch two")
+    other = bf.BuildPlan(("-DGGML_NATIVE=OFF",), "named", "gcc 12", True)
+    assert key != bf.exact_key(other, b"patch one")
+
+
+def test_a_source_archive_with_another_sha256_is_refused_and_removed(tmp_path: Path) -> None:
+    archive = tmp_path / bf.SDIST
+    archive.write_bytes(b"not the archive on PyPI")
+    with pytest.raises(SystemExit, match="is not the pinned"):
+        bf.fetch_sdist("python-never-run", tmp_path)  # the file is there: nothing is fetched
+    assert not archive.exists()
+
+
+def test_the_patch_applies_to_the_vendored_file_it_was_made_from(tmp_path: Path) -> None:
+    """Applied to a tree holding the archive's repack.cpp (where the archive is cached: the
+    first make exact-build downloads it), the patch goes in cleanly and changes only what it
+    says; a second application is refused (--forward)."""
+    archive = ROOT / ".whl" / "sdist" / bf.SDIST
+    if not archive.is_file() or hashlib.sha256(archive.read_bytes()).hexdigest() != bf.SDIST_SHA256:
+        pytest.skip(f"the source archive is not cached in {archive.parent} (make exact-build)")
+    name = "llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp"
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile(name)
+        assert member is not None
+        original = member.read()
+    tree = tmp_path / "llama_cpp_python-0.3.36"
+    target = tree / "vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(original)
+    bf.apply_patch(tree, bf.PATCH)
+    patched = target.read_text()
+    assert "ggml_repack_row_invariant()" in patched and patched != original.decode()
+    with pytest.raises(subprocess.CalledProcessError):
+        bf.apply_patch(tree, bf.PATCH)
+
+
+# --------------------------------------------------------------------------------------------
+# the build itself: the patch's bitwise test
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smol_q4_k() -> Path:
+    llama_cpp_or_skip()
+    import llama_cpp
+
+    from specdec.models.ggml_bufts import ggml
+
+    g = ggml(llama_cpp)
+    if not g.row_invariant_repack():
+        pytest.skip("llama-cpp-python is the stock build here (`make exact-build`: the exact one)")
+    if "CPU_REPACK" not in g.extra_types():
+        pytest.skip("this llama.cpp build has no CPU_REPACK buffer type")
+    from specdec.models.requantize import requantize
+
+    return requantize(store_model_or_skip(), "q4_k_m").path
+
+
+def _rows(path: Path, setting: str, threads: list[int], contexts: list[int]) -> Any:
+    from exact_rows import run_setting
+
+    return run_setting(str(path), setting, threads, contexts, list(range(1, 33)))
+
+
+def _differing(result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [
+        (th, c, n)
+        for th, by_ctx in result.items()
+        for c, row in by_ctx.items()
+        for n, (first, _) in row.items()
+        if first is not None
+    ]
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+def test_the_q4_k_weights_take_the_repacked_kernels(smol_q4_k: Path) -> None:
+    """What the bitwise test is about is in play: without it the test below proves nothing."""
+    import llama_cpp
+
+    from specdec.hub.gguf import check_gguf_header
+    from specdec.models.ggml_bufts import Choice, ggml, weight_groups
+
+    groups = weight_groups(ggml(llama_cpp), check_gguf_header(smol_q4_k).tensors, Choice())
+    assert groups.get(Q4_K, 0) >= 30  # the 30 feed-forward down projections
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+def test_row_invariant_mode_every_row_of_every_pass_is_bit_identical(smol_q4_k: Path) -> None:
+    result = _rows(smol_q4_k, "repack_row_invariant", [2], [20, 1100])
+    result.update(_rows(smol_q4_k, "repack_row_invariant", [1, 3], [20]))
+    assert sorted(result) == ["1", "2", "3"]
+    assert _differing(result) == []
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+def test_the_stock_repacked_gemm_is_not_row_invariant(smol_q4_k: Path) -> None:
+    """The fixture that must fail, on the same build with the mode off: the repacked gemm
+    takes rows in fours, and its rows differ from the one-row gemv's."""
+    result = _rows(smol_q4_k, "repack_stock", [2], [20])
+    differing = _differing(result)
+    assert differing, "the stock repacked gemm gave one-row results: nothing for the patch to do"
+    assert all(int(n) >= 4 for _, _, n in differing)  # gemm starts at 4 rows
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+def test_exact_mode_keeps_the_repacked_kernels_on_the_exact_build(
+    smol_q4_k: Path, tmp_path: Path
+) -> None:
+    """exact=True on the exact build: the mode is switched on, the probe finds every group
+    row-invariant (nothing moved off), the self-check passes, and speculative greedy output
+    is plain decoding's token for token (in a fresh process: ggml reads both switches once)."""
+    import os
+    import sys
+
+    code = f"""
+import json
+from specdec.core.loop import generate
+from specdec.drafters.suffix import SuffixDrafter
+from specdec.models.llamacpp import LlamaCppLM
+from specdec.prompting import encode_prompt
+lm = LlamaCppLM({str(smol_q4_k)!r}, n_ctx=1024, n_threads=2, exact=True, log=lambda s: None)
+out = {{"row_invariant": lm.row_invariant, "avoid": list(lm.exact_kernels.avoid),
+        "groups": list(lm.exact_kernels.groups), "same": []}}
+for text in ("def fibonacci(n):\\n    ", "List the planets of the solar system, one per line."):
+    ids = encode_prompt(lm, text, chat=False)
+    plain = generate(lm, None, ids, max_new_tokens=40, k=0).tokens
+    spec = generate(lm, SuffixDrafter(), ids, max_new_tokens=40, k=16).tokens
+    out["same"].append([len(plain), plain == spec])
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GGML_CPU_")}
+    env["SPECDEC_EXACT_CHECKS"] = str(tmp_path)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["row_invariant"] is True
+    assert Q4_K in out["groups"] and out["avoid"] == []
+    assert all(n > 8 and same for n, same in out["same"]), out["same"]
