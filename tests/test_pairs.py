@@ -58,3 +58,18 @@ def test_a_pair_generates_with_a_suffix_drafter_on_repetitive_text() -> None:
     res = generate(target, draft, [3, 4, 5, 6] * 8, max_new_tokens=30, k=8, stop_on_eos=False)
     plain = generate(target, None, [3, 4, 5, 6] * 8, max_new_tokens=30, k=0, stop_on_eos=False)
     assert res.tokens == plain.tokens
+
+
+def test_load_takes_every_model_option_under_its_own_name() -> None:
+    """The command line hands ``specdec.load`` its ModelOptions as keywords (asdict): a field
+    renamed on one side only would break generate and serve."""
+    import dataclasses
+    import inspect
+
+    import specdec
+    from specdec.pairs import ModelOptions
+
+    keywords = inspect.signature(specdec.load).parameters
+    for f in dataclasses.fields(ModelOptions):
+        assert f.name in keywords, f.name
+        assert keywords[f.name].default == f.default, f.name

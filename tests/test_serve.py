@@ -565,7 +565,7 @@ def test_serve_auto_loads_the_profile_choice_and_leaves_k_to_it(
         config = Configuration(ModelConfig("mock:target"), "none", choice=Choice(), how="auto")  # type: ignore[arg-type]
         return Pair(mock_serve_pair(draft="none").target, None, Choice(), config=config)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(specdec.api, "load_with", fake_load)
+    monkeypatch.setattr(specdec.api, "load", fake_load)
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, run=kw))
     assert main(["serve", "--auto", *MOCK_ARGS, "--port", "0"]) == 0
     assert seen["load"]["auto"] is True

@@ -477,32 +477,7 @@ def load(
         n_threads=n_threads,
         exact=exact,
     )
-    return load_with(
-        target,
-        draft,
-        options,
-        auto=auto,
-        draft_window=draft_window,
-        prompt_tokens=prompt_tokens,
-        new_tokens=new_tokens,
-        log=log,
-    )
-
-
-def load_with(
-    target: str,
-    draft: str | None,
-    options: ModelOptions,
-    *,
-    auto: bool = False,
-    draft_window: int | None = None,
-    prompt_tokens: int | None = None,
-    new_tokens: int = 128,
-    log: Callable[[str], None] = lambda _: None,
-) -> Pair:
-    """``load`` with the model keywords as one ``pairs.ModelOptions`` (the command line
-    builds it from its flags): resolve -> load_pair -> Pair."""
-    config = resolve(  # what to run, and why
+    config = resolve(  # what to run, and why: the one place the profile decides
         target,
         draft,
         options,

@@ -56,8 +56,8 @@ class ProgressLog:
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("w", encoding="utf-8") as f:
                 f.write(json.dumps({"type": "header", "config": config}) + "\n")
-        self.config = json.loads(json.dumps(config))  # tuples -> lists, as read back
-        if path is not None and resume and not _same_run(header, self.config):
+        # the header is checked here and not kept: the log holds units, not the experiment
+        if path is not None and resume and not _same_run(header, _as_read_back(config)):
             raise ConfigError(
                 f"cannot resume from {path}: it was written with a different configuration "
                 "(run without --resume to start over)"
@@ -111,6 +111,11 @@ def read_log(path: Path) -> tuple[Any, dict[str, Any]]:
             done[rec["key"]] = rec["value"]
         # else: a line cut short by an interrupted run (or not a record): that unit is redone
     return header, done
+
+
+def _as_read_back(config: dict[str, Any]) -> Any:
+    """``config`` as a JSON file gives it back (tuples become lists)."""
+    return json.loads(json.dumps(config))
 
 
 def _same_run(header: Any, config: dict[str, Any]) -> bool:

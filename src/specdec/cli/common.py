@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -222,13 +223,13 @@ def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
     """``specdec.load`` with the command line's model options (``generate``, ``serve``);
     says on stderr what the profile or the machine default chose, and why. ``hints``:
     ``prompt_tokens`` / ``new_tokens`` for the choice of configuration."""
-    from specdec.api import load_with
+    from specdec.api import load
 
     draft, options = draft_reference(args), model_options(args, args.exact)
-    pair = load_with(
+    pair = load(
         args.target,
         draft,
-        options,
+        **dataclasses.asdict(options),  # the model keywords, as ModelOptions names them
         auto=args.auto,
         draft_window=args.draft_window,
         log=lambda m: print(f"[specdec] {printable(m)}", file=sys.stderr),
