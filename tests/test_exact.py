@@ -189,23 +189,29 @@ def test_speculative_output_is_plain_decoding_token_for_token(
 
 
 @pytest.mark.parametrize(
-    ("exact_step", "default"),
-    [(0.0510, True), (0.0525, False)],  # +2 % / +5 % (medians)
+    ("exact_step", "exact_verify", "exact_prefill", "default"),
+    [
+        (0.0510, 0.200, 99.0, True),  # +2 % step, +0 % verify, -1 % prefill
+        (0.0525, 0.200, 99.0, False),  # the plain step +5 %
+        (0.0500, 0.240, 99.0, False),  # the step free, the verify pass +20 % (the exact build)
+        (0.0500, 0.200, 50.0, False),  # the step free, prefill at half speed
+    ],
 )
-def test_exact_numerics_are_the_default_only_where_they_cost_at_most_3_percent(
-    exact_step: float, default: bool
+def test_exact_numerics_are_the_default_only_where_step_verify_and_prefill_cost_at_most_3_percent(
+    exact_step: float, exact_verify: float, exact_prefill: float, default: bool
 ) -> None:
-    """The profile's rule on fixed worker figures, a fixture each way (medians over rounds)."""
+    """The profile's rule on fixed worker figures, a fixture each way for each of the three
+    prices (medians over rounds)."""
     from specdec.profiler.exact_price import ExactPrice, price_of
 
     samples = {
         "default": [
-            {"step_s": 0.050, "prefill_tps": 100.0},
-            {"step_s": 0.051, "prefill_tps": 90.0},
+            {"step_s": 0.050, "verify_s": 0.200, "prefill_tps": 100.0},
+            {"step_s": 0.051, "verify_s": 0.200, "prefill_tps": 100.0},
         ],
         "exact": [
-            {"step_s": exact_step, "prefill_tps": 40.0},
-            {"step_s": exact_step * 1.02, "prefill_tps": 30.0},
+            {"step_s": exact_step, "verify_s": exact_verify, "prefill_tps": exact_prefill},
+            {"step_s": exact_step * 1.02, "verify_s": exact_verify, "prefill_tps": exact_prefill},
         ],
     }
     price = price_of(samples)
@@ -213,3 +219,12 @@ def test_exact_numerics_are_the_default_only_where_they_cost_at_most_3_percent(
     assert price.default is default
     assert ("use --exact" in price.sentence()) is not default
     assert ExactPrice.from_dict(price.to_dict()) == price
+
+
+def test_a_profile_cached_before_verify_passes_were_timed_does_not_make_exact_the_default() -> None:
+    from specdec.profiler.exact_price import ExactPrice
+
+    old = {"step_s": 0.05, "exact_step_s": 0.05, "prefill_tps": 100.0}
+    price = ExactPrice.from_dict({**old, "exact_prefill_tps": 100.0, "rounds": 2})
+    assert price.verify_cost is None and price.cost is None and not price.default
+    assert "verify pass not measured" in price.sentence()

@@ -70,7 +70,11 @@ def verdict(target: str, n_threads: int | None) -> str:
     line = f"{where}: the profile recommends {choice.label} ({reason})"
     if result.exact:
         price = ExactPrice.from_dict(result.exact)
-        line += f"; exact numerics cost {price.decode_cost:+.0%} per plain step here"
+        cost = price.cost  # None: a profile cached before verify passes were timed
+        what = "per plain step" if cost is None else "(the dearest of step, verify, prefill)"
+        line += (
+            f"; exact numerics cost {price.decode_cost if cost is None else cost:+.0%} {what} here"
+        )
     return line
 
 

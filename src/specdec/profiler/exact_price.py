@@ -4,10 +4,14 @@ Exact numerics make speculative output plain decoding's, bit for bit, at a price
 the CPU: llama.cpp's repacked and tiled kernels, which they turn off, are faster on some CPUs
 than on others. ``specdec profile`` measures it: short worker processes alternate (ggml reads
 GGML_CPU_TILED_MM once per process, so each numerics needs a process of its own), each timing
-the target's one-token step after a 100-token context (median of ``STEPS``) and a 128-token
-prefill; the decode price is the ratio of the medians over the rounds. Exact numerics become
-this machine's default when that price is at most ``DEFAULT_MAX_COST`` (3 % of plain decode
-speed); otherwise they are a mode (``--exact``) whose price the profile reports.
+the target's one-token step after a 100-token context (median of ``STEPS``), a verify pass of
+``VERIFY_ROWS`` tokens there (median of ``VERIFIES``) and a 128-token prefill; each price is
+the ratio of the medians over the rounds. Exact numerics become this machine's default when
+every one of the three costs at most ``DEFAULT_MAX_COST`` (3 %); otherwise they are a mode
+(``--exact``) whose price the profile reports. All three count because they can part: on the
+exact build (``make exact-build``) the plain step can cost what the default's does while
+verify passes and prefill, whose rows its row-invariant kernels compute one at a time, cost
+far more (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from specdec.errors import SpecdecError
 
 DEFAULT_MAX_COST = 0.03  # exact numerics are the default where decode costs at most this more
 STEPS = 16  # timed one-token passes per worker
+VERIFY_ROWS = 8  # the verify pass timed: a typical speculative round's (K = 7)
+VERIFIES = 6  # timed verify passes per worker
 PREFILL = 128  # prompt tokens timed per worker
 CONTEXT = 100  # context before the timed steps
 NUMERICS = ("default", "exact")
@@ -33,13 +39,17 @@ NUMERICS = ("default", "exact")
 
 @dataclass(frozen=True)
 class ExactPrice:
-    """Medians over the rounds of each numerics' step (seconds) and prefill (tokens/s)."""
+    """Medians over the rounds of each numerics' step and verify pass (seconds) and prefill
+    (tokens/s). A profile cached before verify passes were timed has them None: exact numerics
+    are then not the default (their price is not known)."""
 
     step_s: float
     exact_step_s: float
     prefill_tps: float
     exact_prefill_tps: float
     rounds: int
+    verify_s: float | None = None
+    exact_verify_s: float | None = None
 
     @property
     def decode_cost(self) -> float:
@@ -47,13 +57,28 @@ class ExactPrice:
         return self.exact_step_s / self.step_s - 1.0
 
     @property
+    def verify_cost(self) -> float | None:
+        """How much slower a ``VERIFY_ROWS``-token verify pass is (None: not measured)."""
+        if self.verify_s is None or self.exact_verify_s is None:
+            return None
+        return self.exact_verify_s / self.verify_s - 1.0
+
+    @property
     def prefill_cost(self) -> float:
+        """How much longer a prefill takes under exact numerics."""
         return self.prefill_tps / self.exact_prefill_tps - 1.0
 
     @property
+    def cost(self) -> float | None:
+        """The dearest of the three (None while the verify pass is not measured)."""
+        verify = self.verify_cost
+        return None if verify is None else max(self.decode_cost, verify, self.prefill_cost)
+
+    @property
     def default(self) -> bool:
-        """Whether exact numerics are this machine's default (``DEFAULT_MAX_COST``)."""
-        return self.decode_cost <= DEFAULT_MAX_COST
+        """Whether exact numerics are this machine's default: plain step, verify pass and
+        prefill each cost at most ``DEFAULT_MAX_COST``."""
+        return self.cost is not None and self.cost <= DEFAULT_MAX_COST
 
     def sentence(self) -> str:
         verdict = (
@@ -64,8 +89,18 @@ class ExactPrice:
         return (
             f"exact numerics (speculative output = plain decoding, bit for bit): plain step "
             f"{1e3 * self.exact_step_s:.1f} ms vs {1e3 * self.step_s:.1f} ms "
-            f"({self.decode_cost:+.1%}), prefill {self.exact_prefill_tps:.0f} vs "
-            f"{self.prefill_tps:.0f} tok/s ({self.rounds} rounds): {verdict}"
+            f"({self.decode_cost:+.1%}), {self._verify_text()}prefill "
+            f"{self.exact_prefill_tps:.0f} vs {self.prefill_tps:.0f} tok/s "
+            f"({self.prefill_cost:+.1%} time) "
+            f"({self.rounds} rounds): {verdict}"
+        )
+
+    def _verify_text(self) -> str:
+        if self.verify_s is None or self.exact_verify_s is None:
+            return "verify pass not measured, "
+        return (
+            f"{VERIFY_ROWS}-token verify pass {1e3 * self.exact_verify_s:.1f} vs "
+            f"{1e3 * self.verify_s:.1f} ms ({self.verify_cost:+.1%}), "
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,14 +110,18 @@ class ExactPrice:
             "prefill_tps": self.prefill_tps,
             "exact_prefill_tps": self.exact_prefill_tps,
             "rounds": self.rounds,
+            "verify_s": self.verify_s,
+            "exact_verify_s": self.exact_verify_s,
             "decode_cost": self.decode_cost,
+            "cost": self.cost,
             "default": self.default,
         }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ExactPrice:
         keys = ("step_s", "exact_step_s", "prefill_tps", "exact_prefill_tps", "rounds")
-        return ExactPrice(**{k: d[k] for k in keys})
+        optional = ("verify_s", "exact_verify_s")  # absent from profiles cached before them
+        return ExactPrice(**{k: d[k] for k in keys}, **{k: d.get(k) for k in optional})
 
 
 def price_of(samples: dict[str, list[dict[str, float]]]) -> ExactPrice:
@@ -97,11 +136,13 @@ def price_of(samples: dict[str, list[dict[str, float]]]) -> ExactPrice:
         prefill_tps=med("default", "prefill_tps"),
         exact_prefill_tps=med("exact", "prefill_tps"),
         rounds=min(len(samples["default"]), len(samples["exact"])),
+        verify_s=med("default", "verify_s"),
+        exact_verify_s=med("exact", "verify_s"),
     )
 
 
 def worker(path: str, numerics: str, n_threads: int | None) -> dict[str, float]:
-    """In a worker process: one numerics' step and prefill figures."""
+    """In a worker process: one numerics' step, verify-pass and prefill figures."""
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.profiler.passes import profile_context
 
@@ -116,11 +157,21 @@ def worker(path: str, numerics: str, n_threads: int | None) -> dict[str, float]:
         lm.extend([ids[CONTEXT + i % PREFILL]])
         times.append(time.perf_counter() - t0)
         lm.truncate(CONTEXT)
+    verifies = []
+    for _ in range(VERIFIES + 1):  # one warm-up pass
+        t0 = time.perf_counter()
+        lm.extend(ids[CONTEXT : CONTEXT + VERIFY_ROWS])
+        verifies.append(time.perf_counter() - t0)
+        lm.truncate(CONTEXT)
     lm.truncate(0)
     t0 = time.perf_counter()
     lm.extend(ids[:PREFILL], last_only=True)
     prefill = time.perf_counter() - t0
-    return {"step_s": statistics.median(times[2:]), "prefill_tps": PREFILL / prefill}
+    return {
+        "step_s": statistics.median(times[2:]),
+        "verify_s": statistics.median(verifies[1:]),
+        "prefill_tps": PREFILL / prefill,
+    }
 
 
 def run_worker(path: str, numerics: str, n_threads: int | None) -> dict[str, float]:
