@@ -16,6 +16,11 @@ alternated over ``--rounds`` rounds (A B C, C B A, ...) so that drift falls on a
                  row-invariant repacked kernels exact numerics keep: ``make exact-build``)
   default-patched  (with ``--patched-lib``) llama.cpp's defaults on that build (its row-
                  invariant mode off): what the patch costs where it is not asked for
+  specdec-default  (``--specdec-default``) llama.cpp's default settings with specdec's
+                 default configuration decoding (the planned drafter, costs measured for
+                 these numerics): what exact numerics cost specdec's own default decode
+
+``--only a,b`` runs those settings alone (``default`` always: the ratios' base).
 
 In each process, on the default target (2 threads):
   * prefill throughput: a 512-token prompt, best of 2;
@@ -63,6 +68,15 @@ def settings(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     if getattr(args, "patched_lib", None):
         out["default-patched"] = {"LLAMA_CPP_LIB_PATH": str(args.patched_lib)}
         out["exact-patched"] = {**TILED_OFF, "LLAMA_CPP_LIB_PATH": str(args.patched_lib)}
+    if getattr(args, "specdec_default", False):
+        out["specdec-default"] = {}
+    only = getattr(args, "only", None)
+    if only:
+        wanted = {"default", *only.split(",")}
+        unknown = wanted - set(out)
+        if unknown:
+            raise SystemExit(f"--only: no setting {sorted(unknown)[0]!r} in this run")
+        out = {k: v for k, v in out.items() if k in wanted}
     return out
 
 
@@ -158,17 +172,17 @@ def worker(setting: str, threads: int, repeats: int, n_new: int) -> dict[str, An
     out["verify_ms"] = {n: 1e3 * t for n, t in verify.items()}
     lm.truncate(0)
     gen: list[tuple[float, int]] = []
-    if exact:
+    if exact or setting == "specdec-default":
         from specdec.drafters.planned import PlannedSuffixDrafter
         from specdec.drafters.suffix import SuffixDrafter
         from specdec.models.loader import ModelConfig
         from specdec.pairs import PLANNED_K
         from specdec.profiler.target_costs import cached_target_costs
 
-        cfg = ModelConfig(TARGET, "llamacpp", n_ctx=4096, n_threads=threads, exact=True)
-        # the costs are measured on (and cached for) the exact target as configured; the
+        cfg = ModelConfig(TARGET, "llamacpp", n_ctx=4096, n_threads=threads, exact=exact)
+        # the costs are measured on (and cached for) the target as configured; the
         # kernel choice is part of what the cache key reads from the loaded model
-        if setting == "exact":
+        if setting in ("exact", "specdec-default"):
             costs = cached_target_costs(cfg, lm)
         else:  # other kernels than the cache's exact target: measured for this run only
             from specdec.profiler.target_costs import REPEATS, fitted_passes, target_costs
@@ -241,8 +255,9 @@ def report(rounds: list[dict[str, dict[str, Any]]]) -> str:
         lines.append(f"{s}: kernels {rounds[0][s].get('kernels')}")
     lines += [
         "",
-        "decode tok/s: default = llama-cpp-python's own loop on its default instance; exact* = "
-        "specdec's default configuration (planned suffix drafts) on the exact target.",
+        "decode tok/s: default = llama-cpp-python's own loop on its default instance; exact* and "
+        "specdec-default = specdec's default configuration (planned suffix drafts) on the exact "
+        "target and on the default one.",
     ]
     return "\n".join(lines)
 
@@ -255,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--with-none", action="store_true", help="also exact with no optional kernel")
     ap.add_argument("--patched-lib", type=Path, help="also exact on the build in this lib dir")
+    ap.add_argument("--specdec-default", action="store_true", help="also specdec's default decode")
+    ap.add_argument("--only", help="run only these settings (comma-separated) and default")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--from-json", type=Path, help="print the report of a saved run")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
