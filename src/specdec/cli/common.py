@@ -219,10 +219,12 @@ def model_configs(args: argparse.Namespace) -> tuple[DraftRef, ModelConfig]:
     return model_refs(args.target, args.draft, model_options(args, exact))
 
 
-def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
+def load_from_args(
+    args: argparse.Namespace, *, prompt_tokens: int | None = None, new_tokens: int = 128
+) -> Pair:
     """``specdec.load`` with the command line's model options (``generate``, ``serve``);
-    says on stderr what the profile or the machine default chose, and why. ``hints``:
-    ``prompt_tokens`` / ``new_tokens`` for the choice of configuration."""
+    says on stderr what the profile or the machine default chose, and why.
+    ``prompt_tokens`` / ``new_tokens``: the request's size, for the choice of configuration."""
     from specdec.api import load
 
     draft, options = draft_reference(args), model_options(args, args.exact)
@@ -232,8 +234,9 @@ def load_from_args(args: argparse.Namespace, **hints: int) -> Pair:
         **dataclasses.asdict(options),  # the model keywords, as ModelOptions names them
         auto=args.auto,
         draft_window=args.draft_window,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
         log=lambda m: print(f"[specdec] {printable(m)}", file=sys.stderr),
-        **hints,  # prompt_tokens, new_tokens
     )
     config = pair.config
     assert config is not None

@@ -119,9 +119,15 @@ class ExactPrice:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ExactPrice:
-        keys = ("step_s", "exact_step_s", "prefill_tps", "exact_prefill_tps", "rounds")
-        optional = ("verify_s", "exact_verify_s")  # absent from profiles cached before them
-        return ExactPrice(**{k: d[k] for k in keys}, **{k: d.get(k) for k in optional})
+        return ExactPrice(
+            step_s=d["step_s"],
+            exact_step_s=d["exact_step_s"],
+            prefill_tps=d["prefill_tps"],
+            exact_prefill_tps=d["exact_prefill_tps"],
+            rounds=d["rounds"],
+            verify_s=d.get("verify_s"),  # absent from profiles cached before verify was timed
+            exact_verify_s=d.get("exact_verify_s"),
+        )
 
 
 def price_of(samples: dict[str, list[dict[str, float]]]) -> ExactPrice:
