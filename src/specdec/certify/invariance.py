@@ -182,8 +182,10 @@ def batch_invariance(
     tvs: dict[int, list[float]] = {n: [] for n in ns}
     offsets = dict.fromkeys(ns, 0.0)
     rollback = 0.0
+    probed = []  # the model work first, then the numbers
     for ids in prompts:
-        scored, rb = probe_prompt(model, ids, ns)
+        probed.append(probe_prompt(model, ids, ns))
+    for scored, rb in probed:
         rollback = worst([rollback, rb])
         for n, (b, s, sh) in scored.items():
             offsets[n] = worst([offsets[n], float((b[1:] - sh[:-1]).abs().max())])

@@ -34,7 +34,7 @@ from specdec.drafters.suffix import SuffixDrafter
 from specdec.models.mock import MockLM, mock_pair
 from specdec.theory import Costs
 
-from .common import FAIL, PASS, fmt
+from .common import FAIL, PASS, first_difference, fmt
 from .progress import ProgressLog, revive
 from .seeds import SeedPlan
 from .stats.chisquare import chisquare_gof
@@ -297,11 +297,49 @@ class Level2Result:
 
 
 # ------------------------------------------------------------------ running
+# The model work of each unit is done in one place (``greedy_outputs``, ``setup_windows``)
+# and gives plain token lists and counts; the checks and statistics are then made on those.
+
+
+def greedy_outputs(
+    draft: MockLM,
+    target: MockLM,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    drafters: Sequence[str],
+    ks: Sequence[int],
+) -> tuple[list[int], list[int], dict[tuple[str, int], list[int]]]:
+    """The greedy outputs for one prompt: the reference path (``reference_greedy``), plain
+    decoding, and speculative decoding for every (drafter, K)."""
+    greedy = SamplingConfig()
+    ref = reference_greedy(target, prompt, max_new_tokens)
+    plain = generate(
+        target, None, prompt, max_new_tokens=max_new_tokens, k=0, sampling=greedy
+    ).tokens
+    spec: dict[tuple[str, int], list[int]] = {}
+    for kind in drafters:
+        for k in ks:
+            drafter = _drafter(kind, draft, target, prompt, max_new_tokens)
+            spec[kind, k] = generate(
+                target, drafter, prompt, max_new_tokens=max_new_tokens, k=k, sampling=greedy
+            ).tokens
+    return ref, plain, spec
+
+
+def greedy_units(
+    name: str, ref: list[int], plain: list[int], spec: dict[tuple[str, int], list[int]]
+) -> list[GreedyUnit]:
+    """One unit per speculative output: bit-identical to plain decoding and to the reference?"""
+    return [
+        GreedyUnit(
+            f"{name}/{kind}/K{k}", tokens == plain, tokens == ref, first_difference(tokens, ref)
+        )
+        for (kind, k), tokens in spec.items()
+    ]
 
 
 def run_greedy(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> list[GreedyUnit]:
     units: list[GreedyUnit] = []
-    greedy = SamplingConfig()
     for vocab in cfg.greedy_vocabs:
         prompts = mock_prompts(seeds.generator("l2-prompts", vocab), cfg.greedy_prompts, vocab)
         for closeness in cfg.greedy_closeness:
@@ -313,37 +351,15 @@ def run_greedy(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> l
             draft, target = mock_pair(closeness, vocab_size=vocab, seed=seeds.base)
             batch: list[GreedyUnit] = []
             for pi, prompt in enumerate(prompts):
-                ref = reference_greedy(target, prompt, cfg.greedy_max_new_tokens)
-                plain = generate(
+                outputs = greedy_outputs(
+                    draft,
                     target,
-                    None,
                     prompt,
-                    max_new_tokens=cfg.greedy_max_new_tokens,
-                    k=0,
-                    sampling=greedy,
-                ).tokens
-                for drafter in cfg.greedy_drafters:
-                    for k in cfg.greedy_ks:
-                        spec = generate(
-                            target,
-                            _drafter(drafter, draft, target, prompt, cfg.greedy_max_new_tokens),
-                            prompt,
-                            max_new_tokens=cfg.greedy_max_new_tokens,
-                            k=k,
-                            sampling=greedy,
-                        ).tokens
-                        div = next(
-                            (i for i, (a, b) in enumerate(zip(spec, ref, strict=False)) if a != b),
-                            None if len(spec) == len(ref) else min(len(spec), len(ref)),
-                        )
-                        batch.append(
-                            GreedyUnit(
-                                f"{closeness}-V{vocab}/prompt{pi}/{drafter}/K{k}",
-                                spec == plain,
-                                spec == ref,
-                                div,
-                            )
-                        )
+                    cfg.greedy_max_new_tokens,
+                    cfg.greedy_drafters,
+                    cfg.greedy_ks,
+                )
+                batch.extend(greedy_units(f"{closeness}-V{vocab}/prompt{pi}", *outputs))
             units.extend(batch)
             if log:
                 log.put(key, [asdict(u) for u in batch])
@@ -351,19 +367,24 @@ def run_greedy(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> l
 
 
 def sample_windows(
-    setup: SampledSetup, cfg: Level2Config, prompt: Sequence[int], seeds: SeedPlan
+    setup: SampledSetup,
+    draft: MockLM,
+    target: MockLM,
+    prompt: Sequence[int],
+    windows: Sequence[tuple[int, int]],
+    sequences: int,
+    seeds: SeedPlan,
 ) -> dict[tuple[int, int], np.ndarray]:
-    """Counts [V^m] per window from cfg.sequences independent sequences (one seed each)."""
-    vocab = cfg.sampled_vocab
-    draft, target = setup.pair(vocab, seeds.base)
-    end = max(s + m - 1 for s, m in cfg.windows)
-    counts = {w: np.zeros(vocab ** w[1], dtype=np.int64) for w in cfg.windows}
+    """Counts [V^m] per window from ``sequences`` independent sequences (one seed each)."""
+    vocab = target.vocab_size
+    end = max(s + m - 1 for s, m in windows)
+    counts = {w: np.zeros(vocab ** w[1], dtype=np.int64) for w in windows}
     n = end + setup.k
     drafter = _drafter(setup.drafter, draft, target, prompt, n) if setup.k > 0 else None
     predicted = (
         mock_prediction(setup.drafter, target, prompt, n) if setup.drafter in PREDICTIONS else None
     )
-    for i in range(cfg.sequences):
+    for i in range(sequences):
         toks: list[int] = []
         if predicted is not None:  # a prediction drafter follows one generation
             drafter = _drafter(setup.drafter, draft, target, prompt, n, predicted)
@@ -385,30 +406,52 @@ def sample_windows(
     return counts
 
 
+def setup_windows(
+    setup: SampledSetup,
+    prompt: Sequence[int],
+    vocab: int,
+    windows: Sequence[tuple[int, int]],
+    sequences: int,
+    seeds: SeedPlan,
+) -> list[tuple[tuple[int, int], np.ndarray, np.ndarray]]:
+    """The model work of one sampled setup: per window, (window, counts of the sampled
+    sequences [V^m], exact distribution [V^m])."""
+    draft, target = setup.pair(vocab, seeds.base)
+    counts = sample_windows(setup, draft, target, prompt, windows, sequences, seeds)
+    return [
+        ((s, m), counts[s, m], exact_window_distribution(target, prompt, s, m, setup.sampling))
+        for s, m in windows
+    ]
+
+
+def run_sampled(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> list[TestRecord]:
+    """Goodness-of-fit tests of every sampled setup (before Holm)."""
+    vocab = cfg.sampled_vocab
+    prompts = mock_prompts(seeds.generator("l2-sampled-prompt"), 2, vocab)
+    raw: list[TestRecord] = []
+    for si, setup in enumerate(cfg.setups):
+        key = f"l2/sampled/{setup.name}"
+        records = log.read(key, lambda v: [revive(TestRecord, d) for d in v]) if log else None
+        if records is not None:
+            raw.extend(records)
+            continue
+        found = setup_windows(setup, prompts[si % 2], vocab, cfg.windows, cfg.sequences, seeds)
+        recs = [
+            TestRecord.from_test(f"{setup.name}/pos{s}+{m}", chisquare_gof(counts, exact))
+            for (s, m), counts, exact in found
+        ]
+        raw.extend(recs)
+        if log:
+            log.put(key, [r.to_dict() for r in recs])
+    return raw
+
+
 def run_level2(cfg: Level2Config, *, log: ProgressLog | None = None) -> Level2Result:
     """Greedy bit-exactness and sampled goodness of fit of the decoding loop on mocks."""
     t0 = time.perf_counter()
     res = Level2Result(cfg)
     seeds = SeedPlan(cfg.seed)
     res.greedy = run_greedy(cfg, seeds, log)
-    raw: list[TestRecord] = []
-    vocab = cfg.sampled_vocab
-    for si, setup in enumerate(cfg.setups):
-        prompt = mock_prompts(seeds.generator("l2-sampled-prompt"), 2, vocab)[si % 2]
-        key = f"l2/sampled/{setup.name}"
-        records = log.read(key, lambda v: [revive(TestRecord, d) for d in v]) if log else None
-        if records is not None:
-            raw.extend(records)
-            continue
-        counts = sample_windows(setup, cfg, prompt, seeds)
-        target = setup.pair(vocab, seeds.base)[1]
-        recs = []
-        for (s, m), c in counts.items():
-            exact = exact_window_distribution(target, prompt, s, m, setup.sampling)
-            recs.append(TestRecord.from_test(f"{setup.name}/pos{s}+{m}", chisquare_gof(c, exact)))
-        raw.extend(recs)
-        if log:
-            log.put(key, [r.to_dict() for r in recs])
-    res.tests = apply_holm(raw, cfg.alpha, cfg.power)
+    res.tests = apply_holm(run_sampled(cfg, seeds, log), cfg.alpha, cfg.power)
     res.seconds = time.perf_counter() - t0
     return res

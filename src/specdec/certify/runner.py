@@ -204,16 +204,15 @@ def run_certificate(
                 say(f"level 3: {cert.level3.status} ({sum(cert.level3.seconds.values()):.0f} s)")
             else:
                 say("batch-invariance probe ...")
-                cert.probe = batch_invariance(
-                    target, ids[: l3.probe_prompts], ns=l3.probe_ns, label=cfg.target or "target"
-                )
+                probed: list[tuple[str, CausalLM]] = [(cfg.target or "target", target)]
                 if isinstance(draft, CausalLM):
-                    cert.draft_probe = batch_invariance(
-                        draft,
-                        ids[: l3.probe_prompts],
-                        ns=l3.probe_ns,
-                        label=cfg.draft or "draft",
-                    )
+                    probed.append((cfg.draft or "draft", draft))
+                probes = [
+                    batch_invariance(model, ids[: l3.probe_prompts], ns=l3.probe_ns, label=label)
+                    for label, model in probed
+                ]
+                cert.probe = probes[0]
+                cert.draft_probe = probes[1] if len(probes) > 1 else None
     if cfg.out_dir is not None:
         write_certificate(cert, cfg.out_dir)
     return cert
