@@ -111,6 +111,18 @@ def worker(
     print(json.dumps(out), flush=True)
 
 
+def differing_passes(result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(threads, context, n) of every pass with a row that differs, in a ``run_setting``
+    result."""
+    return [
+        (th, c, n)
+        for th, by_ctx in result.items()
+        for c, row in by_ctx.items()
+        for n, (first, _) in row.items()
+        if first is not None
+    ]
+
+
 def run_setting(
     model: str, setting: str, threads: list[int], contexts: list[int], ns: list[int]
 ) -> dict[str, Any]:

@@ -117,13 +117,9 @@ def _rows(path: Path, setting: str, threads: list[int], contexts: list[int]) -> 
 
 
 def _differing(result: dict[str, Any]) -> list[tuple[str, str, str]]:
-    return [
-        (th, c, n)
-        for th, by_ctx in result.items()
-        for c, row in by_ctx.items()
-        for n, (first, _) in row.items()
-        if first is not None
-    ]
+    from exact_rows import differing_passes
+
+    return differing_passes(result)
 
 
 @pytest.mark.real_model
