@@ -34,6 +34,62 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # exact_rows: the per-kernel row c
 
 
 # --------------------------------------------------------------------------------------------
+# what the product does with either build, the other one injected (no build needed)
+# --------------------------------------------------------------------------------------------
+
+
+class _FakeGgml:
+    def __init__(self, exact_build: bool) -> None:
+        self.exact_build = exact_build
+
+    def row_invariant_repack(self) -> bool:
+        return self.exact_build
+
+
+@pytest.mark.parametrize(
+    ("exact_build", "preset", "on", "after"),
+    [
+        (False, None, False, None),  # stock build: nothing to switch, the env left alone
+        (True, None, True, "1"),  # exact build: switched on for the process
+        (True, "0", False, "0"),  # the user turned it off: respected (the probe then decides)
+    ],
+)
+def test_exact_numerics_switch_the_row_invariant_mode_only_on_the_exact_build(
+    monkeypatch: pytest.MonkeyPatch,
+    exact_build: bool,
+    preset: str | None,
+    on: bool,
+    after: str | None,
+) -> None:
+    import os
+
+    import specdec.models.ggml_bufts as bufts
+    from specdec.models.exact_kernels import ROW_INVARIANT_ENV, use_row_invariant_kernels
+
+    monkeypatch.delenv(ROW_INVARIANT_ENV, raising=False)
+    if preset is not None:
+        monkeypatch.setenv(ROW_INVARIANT_ENV, preset)
+    monkeypatch.setattr(bufts, "ggml", lambda _llama_cpp: _FakeGgml(exact_build))
+    assert use_row_invariant_kernels(object()) is on
+    assert os.environ.get(ROW_INVARIANT_ENV) == after
+
+
+def test_doctor_and_the_profile_name_the_build() -> None:
+    from specdec.doctor import exact_build_text
+    from specdec.models.kernel_check import build_line
+
+    assert exact_build_text(True).startswith("exact build")
+    assert exact_build_text(False).startswith("stock build") and "make exact-build" in (
+        exact_build_text(False)
+    )
+    assert "unknown" in exact_build_text("unreadable")
+    base = {"llama_cpp_python": "0.3.36", "make_install": None, "kernels": None}
+    assert "(exact build; " in build_line({**base, "exact_build": True})
+    assert "(stock build; " in build_line({**base, "exact_build": False})
+    assert "build; " not in build_line(base)  # a results file from before it was recorded
+
+
+# --------------------------------------------------------------------------------------------
 # how the build is made (no build, no network)
 # --------------------------------------------------------------------------------------------
 
