@@ -9,8 +9,9 @@ rows are compared with ``torch.eq`` (no tolerance). Prints, per setting, threads
 context, the first differing row of each pass size ('.' when all rows are identical) and the
 largest logit difference, and writes JSON with ``--json``.
 
-  exact            LlamaCppLM(exact=True): repack off, tiled K-quant path off, flash
-                   attention, F16 keys / Q8_0 values (models/llamacpp.py)
+  exact            LlamaCppLM(exact=True): the repacked groups whose rows differ moved off
+                   (all kept on the exact build), tiled K-quant path off (kept on the exact
+                   build), flash attention, F16 keys / Q8_0 values (models/llamacpp.py)
   default          llama.cpp as llama-cpp-python loads it (repack on, no flash attention,
                    tiled path on)
   exact_f16_cache  exact without its cache types (F16 keys and values): flash attention's

@@ -41,6 +41,15 @@ SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "no_repack": ({}, {"repack": False}),
     "no_repack_tiled_off": ({"GGML_CPU_TILED_MM": "0"}, {"repack": False}),
     "pad16": ({}, {"pad_to": 16}),
+    # the exact build's row-invariant mode (`make exact-build`; ignored by the stock build)
+    "row_invariant": ({"GGML_CPU_REPACK_ROW_INVARIANT": "1"}, {}),
+    "row_invariant_tiled_off": (
+        {"GGML_CPU_REPACK_ROW_INVARIANT": "1", "GGML_CPU_TILED_MM": "0"},
+        {},
+    ),
+    # the tiled K-quant path for every row count (ggml's test switch), with and without repack
+    "tiled_forced": ({"GGML_CPU_TILED_MM_FORCE": "1"}, {}),
+    "no_repack_tiled_forced": ({"GGML_CPU_TILED_MM_FORCE": "1"}, {"repack": False}),
 }
 
 

@@ -1,11 +1,12 @@
 """The exact build: llama-cpp-python with ``patches/ggml-cpu-repack-row-invariant.patch``
 (``make exact-build``; ``make test-exact`` runs this file on it).
 
-The patch gives ggml's repacked CPU kernels a row-invariant mode
-(``GGML_CPU_REPACK_ROW_INVARIANT=1``): every row of an n-row product is quantized and
-multiplied as a one-row product is, so exact numerics can keep the repacked kernels. Its
-bitwise test: on the small test model requantized to Q4_K_M (its feed-forward down
-projections are Q4_K, which ggml repacks on x86), with every optional kernel kept and exact
+The patch gives ggml's repacked CPU kernels and its tiled K-quant path a row-invariant mode
+(``GGML_CPU_REPACK_ROW_INVARIANT=1``): a row of an n-row product gets the bits a one-row
+product gives it (Q4_K keeps its repacked gemm, the other rows summing in its order; Q6_K
+keeps the tiled path, its smaller products summing in the tiled order), so exact numerics can
+keep those kernels. Its bitwise test: on the small test model requantized to Q4_K_M (Q4_K,
+which ggml repacks on x86, and Q6_K weights), with every optional kernel kept and exact
 numerics' other settings, each row of an n-token pass (n = 1..32, contexts 20 and 1,100,
 1-3 threads) equals the one-token row bit for bit with the mode on; with it off (the stock
 kernels, the fixture that must fail) rows differ. Each setting runs in a process of its own
@@ -39,11 +40,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # exact_rows: the per-kernel row c
 
 
 class _FakeGgml:
-    def __init__(self, exact_build: bool) -> None:
+    def __init__(self, exact_build: bool, version: int = 2) -> None:
         self.exact_build = exact_build
+        self.version = version if exact_build else 0
 
     def row_invariant_repack(self) -> bool:
         return self.exact_build
+
+    def row_invariant_version(self) -> int:
+        return self.version
 
 
 @pytest.mark.parametrize(
@@ -74,6 +79,55 @@ def test_exact_numerics_switch_the_row_invariant_mode_only_on_the_exact_build(
     assert os.environ.get(ROW_INVARIANT_ENV) == after
 
 
+@pytest.mark.parametrize(
+    ("version", "preset", "kept"),
+    [
+        (0, None, False),  # stock build: exact numerics turn the tiled path off
+        (1, None, False),  # the first patch: only the repacked kernels had the mode
+        (2, None, True),  # the mode also makes the tiled path and the small products agree
+        (2, "0", False),  # the user turned the mode off: the tiled path goes off again
+    ],
+)
+def test_exact_numerics_keep_the_tiled_path_only_where_the_build_makes_it_row_invariant(
+    monkeypatch: pytest.MonkeyPatch, version: int, preset: str | None, kept: bool
+) -> None:
+    import os
+
+    import specdec.models.ggml_bufts as bufts
+    from specdec.models.exact_kernels import ROW_INVARIANT_ENV, row_invariant_keeps_tiled
+    from specdec.models.llamacpp import TILED_ENV, _exact_settings
+
+    monkeypatch.delenv(ROW_INVARIANT_ENV, raising=False)
+    monkeypatch.delenv(TILED_ENV, raising=False)
+    if preset is not None:
+        monkeypatch.setenv(ROW_INVARIANT_ENV, preset)
+    monkeypatch.setattr(bufts, "ggml", lambda _llama_cpp: _FakeGgml(version > 0, version))
+    assert row_invariant_keeps_tiled(object()) is kept
+    assert _exact_settings(None, False, "f16", "f16", kept) == (True, True, "f16", "q8_0")
+    assert os.environ.get(TILED_ENV) == (None if kept else "0")
+    if kept:  # the tiled switch set either way is fine: both orders agree on this build
+        monkeypatch.setenv(TILED_ENV, "1")
+        assert _exact_settings(None, False, "f16", "f16", True)[1] is True
+
+
+def test_the_build_version_is_read_from_the_exported_symbol() -> None:
+    from specdec.models.ggml_bufts import ROW_INVARIANT_SYMBOL, Ggml
+
+    class Lib:
+        pass
+
+    def version_two() -> int:
+        return 2
+
+    exact = Lib()
+    setattr(exact, ROW_INVARIANT_SYMBOL, version_two)
+    g = object.__new__(Ggml)
+    g._libs = [Lib(), exact]
+    assert g.row_invariant_version() == 2 and g.row_invariant_repack()
+    g._libs = [Lib()]
+    assert g.row_invariant_version() == 0 and not g.row_invariant_repack()
+
+
 def test_doctor_and_the_profile_name_the_build() -> None:
     from specdec.doctor import exact_build_text
     from specdec.models.kernel_check import build_line
@@ -94,14 +148,16 @@ def test_doctor_and_the_profile_name_the_build() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_the_patch_is_a_small_patch_of_the_repacked_kernels_only() -> None:
+def test_the_patch_touches_ggml_cpu_matrix_kernels_only() -> None:
     text = bf.PATCH.read_text()
     files = [line.split()[-1] for line in text.splitlines() if line.startswith("+++ ")]
-    assert files == ["b/ggml/src/ggml-cpu/repack.cpp"]
+    assert files and all(f.startswith("b/ggml/src/ggml-cpu/") for f in files), files
+    assert {"b/ggml/src/ggml-cpu/repack.cpp", "b/ggml/src/ggml-cpu/tiled/tiled.cpp"} <= set(files)
     added = [x for x in text.splitlines() if x.startswith("+") and not x.startswith("+++")]
-    assert 0 < len(added) <= 60
+    assert 0 < len(added) <= 300
     assert "GGML_CPU_REPACK_ROW_INVARIANT" in text
     assert "ggml_cpu_repack_row_invariant_supported" in text  # what the product looks for
+    assert "return 2;" in text  # the version that keeps the tiled path (exact_kernels)
 
 
 def test_the_exact_build_has_a_key_of_its_own_that_covers_the_patch() -> None:
@@ -121,25 +177,33 @@ def test_a_source_archive_with_another_sha256_is_refused_and_removed(tmp_path: P
     assert not archive.exists()
 
 
-def test_the_patch_applies_to_the_vendored_file_it_was_made_from(tmp_path: Path) -> None:
-    """Applied to a tree holding the archive's repack.cpp (where the archive is cached: the
-    first make exact-build downloads it), the patch goes in cleanly and changes only what it
-    says; a second application is refused (--forward)."""
+def test_the_patch_applies_to_the_vendored_files_it_was_made_from(tmp_path: Path) -> None:
+    """Applied to a tree holding the archive's copies of the files it names (where the archive
+    is cached: the first make exact-build downloads it), the patch goes in cleanly and changes
+    only those; a second application is refused (--forward)."""
     archive = ROOT / ".whl" / "sdist" / bf.SDIST
     if not archive.is_file() or hashlib.sha256(archive.read_bytes()).hexdigest() != bf.SDIST_SHA256:
         pytest.skip(f"the source archive is not cached in {archive.parent} (make exact-build)")
-    name = "llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp"
-    with tarfile.open(archive) as tar:
-        member = tar.extractfile(name)
-        assert member is not None
-        original = member.read()
+    files = [
+        line.split()[-1].removeprefix("b/")
+        for line in bf.PATCH.read_text().splitlines()
+        if line.startswith("+++ ")
+    ]
     tree = tmp_path / "llama_cpp_python-0.3.36"
-    target = tree / "vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp"
-    target.parent.mkdir(parents=True)
-    target.write_bytes(original)
+    originals = {}
+    with tarfile.open(archive) as tar:
+        for f in files:
+            member = tar.extractfile(f"llama_cpp_python-0.3.36/vendor/llama.cpp/{f}")
+            assert member is not None, f
+            originals[f] = member.read()
+            target = tree / "vendor/llama.cpp" / f
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(originals[f])
     bf.apply_patch(tree, bf.PATCH)
-    patched = target.read_text()
-    assert "ggml_repack_row_invariant()" in patched and patched != original.decode()
+    for f in files:
+        assert (tree / "vendor/llama.cpp" / f).read_bytes() != originals[f], f
+    repack = tree / "vendor/llama.cpp/ggml/src/ggml-cpu/repack.cpp"
+    assert "ggml_repack_row_invariant()" in repack.read_text()
     with pytest.raises(subprocess.CalledProcessError):
         bf.apply_patch(tree, bf.PATCH)
 

@@ -66,7 +66,7 @@ def _selected(args: argparse.Namespace) -> list[hub.ModelEntry]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    rows = [("NAME", "SIZE", "STATUS", "LICENCE", "ROLE")]
+    rows: list[tuple[str, ...]] = [("NAME", "SIZE", "STATUS", "LICENCE", "ROLE")]
     for e in hub.MODELS:
         licence = e.licence.split(" (")[0]
         status = hub.model_status(e, args.cache_dir)

@@ -19,6 +19,9 @@ On the exact build (``make exact-build``: ``patches/ggml-cpu-repack-row-invarian
 exact numerics first switch the repacked kernels to their row-invariant mode
 (``use_row_invariant_kernels``); the same probe then finds every group invariant and nothing
 is moved, and a build or machine where the mode does not hold is caught by the same probe.
+From the patch's version 2 on the mode also keeps ggml's tiled K-quant path (Q6_K, whose
+smaller products then sum in the tiled order; ``row_invariant_keeps_tiled``), so exact
+numerics leave it on there.
 
 The verdict is cached per llama.cpp build, CPU (model and flags), model file, kernel choice
 and thread count (one small JSON file in ``<store>/exact-checks``). The load-time self-check
@@ -142,6 +145,21 @@ def use_row_invariant_kernels(llama_cpp: Any) -> bool:
     return os.environ.setdefault(ROW_INVARIANT_ENV, "1").strip() not in ("", "0")
 
 
+# from this patch version on, the row-invariant mode also keeps ggml's tiled K-quant path
+# (Q6_K; the other types leave it in that mode) and the repacked Q4_K gemm
+KEEPS_TILED_FROM = 2
+
+
+def row_invariant_keeps_tiled(llama_cpp: Any) -> bool:
+    """Whether exact numerics may leave ggml's tiled K-quant path on: the exact build's
+    row-invariant mode (version 2 on) is on, or will be, for this process."""
+    from specdec.models.ggml_bufts import ggml
+
+    if ggml(llama_cpp).row_invariant_version() < KEEPS_TILED_FROM:
+        return False
+    return os.environ.get(ROW_INVARIANT_ENV, "1").strip() not in ("", "0")
+
+
 def checks_dir(root: Path | None = None) -> Path:
     return verdict_dir(root, CHECKS_DIR_ENV, "exact-checks")
 
@@ -170,13 +188,18 @@ def verdict_key(
         "rows": list(PROBE_ROWS),
         "fault": fault,
         "row_invariant": os.environ.get(ROW_INVARIANT_ENV, ""),
+        "tiled": os.environ.get(TILED_ENV, ""),
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def _child(path: Path, choice: Choice, threads: int, fault: str) -> tuple[bool, str, float]:
+def _child(
+    path: Path, choice: Choice, threads: int, fault: str, keep_tiled: bool = False
+) -> tuple[bool, str, float]:
     """(every row identical, evidence, seconds) of one probe child."""
-    env = {**os.environ, TILED_ENV: "0"}
+    # the parent's tiled setting (exact numerics set it off unless the build keeps it)
+    env = {**os.environ}
+    env.setdefault(TILED_ENV, "0" if not keep_tiled else "1")
     if fault:
         env[FAULT_ENV] = fault
     cmd = [sys.executable, "-m", "specdec.models.exact_probe", str(path)]
@@ -201,10 +224,15 @@ def _child(path: Path, choice: Choice, threads: int, fault: str) -> tuple[bool, 
 
 
 def run_check(
-    path: Path, choice: Choice, groups: Sequence[str], threads: int, fault: str
+    path: Path,
+    choice: Choice,
+    groups: Sequence[str],
+    threads: int,
+    fault: str,
+    keep_tiled: bool = False,
 ) -> tuple[tuple[str, ...], tuple[GroupTrial, ...]]:
     """(groups to avoid, trials): all groups together first, then one at a time."""
-    ok, detail, secs = _child(path, choice, threads, fault)
+    ok, detail, secs = _child(path, choice, threads, fault, keep_tiled)
     trials = [GroupTrial(tuple(groups), ok, detail, round(secs, 2))]
     if ok:
         return (), tuple(trials)
@@ -213,7 +241,7 @@ def run_check(
     avoid = []
     for g in groups:
         alone = choice.avoiding(x for x in groups if x != g)
-        ok, detail, secs = _child(path, alone, threads, fault)
+        ok, detail, secs = _child(path, alone, threads, fault, keep_tiled)
         trials.append(GroupTrial((g,), ok, detail, round(secs, 2)))
         if not ok:
             avoid.append(g)
@@ -272,7 +300,8 @@ def exact_verdict(
         "machine once: bitwise row checks in child processes (cached)"
     )
     t0 = time.perf_counter()
-    avoid, trials = run_check(path, choice, groups, threads, fault)
+    keep_tiled = row_invariant_keeps_tiled(llama_cpp)
+    avoid, trials = run_check(path, choice, groups, threads, fault, keep_tiled)
     verdict = ExactVerdict(
         choice=choice.text(),
         groups=groups,

@@ -215,7 +215,19 @@ class Ggml:
     def row_invariant_repack(self) -> bool:
         """Whether this build has the row-invariant mode of its repacked kernels (the exact
         build, ``make exact-build``: ``patches/ggml-cpu-repack-row-invariant.patch``)."""
-        return any(getattr(lib, ROW_INVARIANT_SYMBOL, None) is not None for lib in self._libs)
+        return self.row_invariant_version() > 0
+
+    def row_invariant_version(self) -> int:
+        """The exact build's patch version (0: a stock build). 1: every row through the
+        one-row kernels; 2: also Q4_K's repacked gemm and Q6_K's tiled path kept, the small
+        products summing in their order."""
+        for lib in self._libs:
+            fn = getattr(lib, ROW_INVARIANT_SYMBOL, None)
+            if fn is not None:
+                fn.restype = ctypes.c_int
+                fn.argtypes = []
+                return max(1, int(fn()))
+        return 0
 
     def has_gpu(self) -> bool:
         return any(

@@ -29,15 +29,17 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
   which exact numerics switch on for the process, ``GGML_CPU_REPACK_ROW_INVARIANT=1``, so
   nothing is moved),
   the tiled K-quant path (8+ rows; ``GGML_CPU_TILED_MM=0`` for the whole process, as ggml
-  reads it once), attention without flash attention (batched F16 mat-muls from 2 rows; flash
-  attention is turned on) and flash attention's one-token path, which splits the KV range
-  across threads once 512+ cells are in use (only when K and V have the same F16/F32 type,
+  reads it once; the exact build's mode from patch version 2 on keeps it, Q6_K's smaller
+  products then summing in its order, and leaves it for the other types), attention
+  without flash attention (batched F16 mat-muls from 2 rows; flash attention is turned on)
+  and flash attention's one-token path, which splits the KV range across threads once 512+
+  cells are in use (only when K and V have the same F16/F32 type,
   so the cache holds F16 keys and Q8_0 values: F16 values would take that split, and Q8_0
   values measured faster here than BF16 ones, whose per-cell conversion made decode at 1,500
   tokens 3x slower on the small test model).
   The model checks itself at load (``models.exact.self_check``) and refuses to run if any
-  row differs. It costs decode speed where the moved kernels are faster, and prefill speed
-  (no tiled path); ``benchmarks/exact_cost.py`` measures both.
+  row differs. On a stock build it costs decode speed where the moved kernels are faster,
+  and prefill speed (no tiled path); ``benchmarks/exact_cost.py`` measures both.
 * ``pad_to``: a pass over n real tokens with ``pad_min <= n < pad_to`` is run as ``pad_to``
   rows. The pad rows come after the real ones (so causal attention keeps them out of the real
   rows), are marked non-output, and their cache cells are removed right after the pass with
@@ -63,6 +65,7 @@ from specdec.models.exact_kernels import (
     TILED_ENV,
     ExactVerdict,
     exact_verdict,
+    row_invariant_keeps_tiled,
     use_row_invariant_kernels,
 )
 from specdec.models.ggml_bufts import Choice
@@ -101,16 +104,21 @@ def _import_llama() -> Any:
 
 
 def _exact_settings(
-    repack: bool | None, flash_attn: bool, type_k: str, type_v: str
+    repack: bool | None, flash_attn: bool, type_k: str, type_v: str, keep_tiled: bool = False
 ) -> tuple[bool, bool, str, str]:
     """The settings exact numerics need (refusing contradicting ones), and ggml's tiled K-quant
-    path switched off for this process unless the environment already says so. Repack stays
-    as asked (on by default): the optional kernels that break row invariance are moved off per
-    weight type at load (``models.exact_kernels``)."""
+    path switched off for this process unless the environment already says so, or the build
+    keeps it (``keep_tiled``: the exact build's row-invariant mode, version 2 on, makes the
+    tiled path and the small products sum in one order). Repack stays as asked (on by
+    default): the optional kernels that break row invariance are moved off per weight type at
+    load (``models.exact_kernels``)."""
     if (type_k, type_v) not in (("f16", "f16"), EXACT_KV):
         raise ConfigError(
             f"exact numerics set the KV cache types themselves ({'/'.join(EXACT_KV)})"
         )
+    if keep_tiled:
+        del flash_attn
+        return repack is not False, True, *EXACT_KV
     tiled = os.environ.setdefault(TILED_ENV, "0")
     if tiled.strip() != "0":
         raise ConfigError(
@@ -259,7 +267,10 @@ class LlamaCppLM:
         from specdec.hub.gguf import check_gguf_header
 
         if exact:
-            repack, flash_attn, type_k, type_v = _exact_settings(repack, flash_attn, type_k, type_v)
+            keep_tiled = row_invariant_keeps_tiled(_import_llama())
+            repack, flash_attn, type_k, type_v = _exact_settings(
+                repack, flash_attn, type_k, type_v, keep_tiled
+            )
         repack = True if repack is None else repack
 
         if n_ctx < 2:

@@ -181,12 +181,10 @@ def worker(path: str, numerics: str, n_threads: int | None) -> dict[str, float]:
 
 
 def run_worker(path: str, numerics: str, n_threads: int | None) -> dict[str, float]:
-    # each numerics sets ggml's once-per-process switches itself (exact: tiled path off, and
-    # the exact build's row-invariant repacked kernels on)
+    # each numerics sets ggml's once-per-process switches itself (exact: the tiled path off on
+    # a stock build, the exact build's row-invariant mode on, which keeps the tiled path)
     switches = ("GGML_CPU_TILED_MM", "GGML_CPU_REPACK_ROW_INVARIANT")
     env = {k: v for k, v in os.environ.items() if k not in switches}
-    if numerics == "exact":
-        env["GGML_CPU_TILED_MM"] = "0"
     src = str(Path(__file__).resolve().parents[2])  # this checkout's package first
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "specdec.profiler.exact_price", path, numerics]
