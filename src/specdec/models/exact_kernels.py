@@ -199,7 +199,8 @@ def _child(
     """(every row identical, evidence, seconds) of one probe child."""
     # the parent's tiled setting (exact numerics set it off unless the build keeps it)
     env = {**os.environ}
-    env.setdefault(TILED_ENV, "0" if not keep_tiled else "1")
+    if not keep_tiled:
+        env.setdefault(TILED_ENV, "0")
     if fault:
         env[FAULT_ENV] = fault
     cmd = [sys.executable, "-m", "specdec.models.exact_probe", str(path)]

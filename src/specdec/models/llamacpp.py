@@ -116,10 +116,7 @@ def _exact_settings(
         raise ConfigError(
             f"exact numerics set the KV cache types themselves ({'/'.join(EXACT_KV)})"
         )
-    if keep_tiled:
-        del flash_attn
-        return repack is not False, True, *EXACT_KV
-    tiled = os.environ.setdefault(TILED_ENV, "0")
+    tiled = "0" if keep_tiled else os.environ.setdefault(TILED_ENV, "0")
     if tiled.strip() != "0":
         raise ConfigError(
             f"exact numerics need ggml's tiled matrix path off, but {TILED_ENV}={tiled!r} is set"
