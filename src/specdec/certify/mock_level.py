@@ -380,10 +380,10 @@ def sample_windows(
     end = max(s + m - 1 for s, m in windows)
     counts = {w: np.zeros(vocab ** w[1], dtype=np.int64) for w in windows}
     n = end + setup.k
-    drafter = _drafter(setup.drafter, draft, target, prompt, n) if setup.k > 0 else None
     predicted = (
         mock_prediction(setup.drafter, target, prompt, n) if setup.drafter in PREDICTIONS else None
     )
+    drafter = _drafter(setup.drafter, draft, target, prompt, n, predicted) if setup.k > 0 else None
     for i in range(sequences):
         toks: list[int] = []
         if predicted is not None:  # a prediction drafter follows one generation
