@@ -96,6 +96,16 @@ def exact_window_distribution(
 
 
 # ------------------------------------------------------------------ configuration
+def level_pair(
+    closeness: str, vocab: int, seed: int, draft_vocab_delta: int = 0
+) -> tuple[MockLM, MockLM]:
+    """The (draft, target) mock pair of a greedy unit or a sampled setup: ``closeness``, the
+    target's vocabulary, and a draft with ``draft_vocab_delta`` ids more (a padded pair)."""
+    return mock_pair(
+        closeness, vocab_size=vocab, seed=seed, draft_vocab_size=vocab + draft_vocab_delta
+    )
+
+
 @dataclass(frozen=True)
 class SampledSetup:
     """One sampled configuration of Level 2."""
@@ -115,15 +125,6 @@ class SampledSetup:
     @property
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
-
-    def pair(self, vocab: int, seed: int) -> tuple[MockLM, MockLM]:
-        """The (draft, target) mock pair of this setup."""
-        return mock_pair(
-            self.closeness,
-            vocab_size=vocab,
-            seed=seed,
-            draft_vocab_size=vocab + self.draft_vocab_delta,
-        )
 
 
 DEFAULT_SETUPS: tuple[SampledSetup, ...] = (
@@ -312,17 +313,21 @@ def greedy_outputs(
     """The greedy outputs for one prompt: the reference path (``reference_greedy``), plain
     decoding, and speculative decoding for every (drafter, K)."""
     greedy = SamplingConfig()
+    made = {
+        (kind, k): _drafter(kind, draft, target, prompt, max_new_tokens)
+        for kind in drafters
+        for k in ks
+    }
     ref = reference_greedy(target, prompt, max_new_tokens)
     plain = generate(
         target, None, prompt, max_new_tokens=max_new_tokens, k=0, sampling=greedy
     ).tokens
-    spec: dict[tuple[str, int], list[int]] = {}
-    for kind in drafters:
-        for k in ks:
-            drafter = _drafter(kind, draft, target, prompt, max_new_tokens)
-            spec[kind, k] = generate(
-                target, drafter, prompt, max_new_tokens=max_new_tokens, k=k, sampling=greedy
-            ).tokens
+    spec = {
+        (kind, k): generate(
+            target, drafter, prompt, max_new_tokens=max_new_tokens, k=k, sampling=greedy
+        ).tokens
+        for (kind, k), drafter in made.items()
+    }
     return ref, plain, spec
 
 
@@ -348,7 +353,7 @@ def run_greedy(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> l
             if stored is not None:
                 units.extend(stored)
                 continue
-            draft, target = mock_pair(closeness, vocab_size=vocab, seed=seeds.base)
+            draft, target = level_pair(closeness, vocab, seeds.base)
             batch: list[GreedyUnit] = []
             for pi, prompt in enumerate(prompts):
                 outputs = greedy_outputs(
@@ -416,12 +421,12 @@ def setup_windows(
 ) -> list[tuple[tuple[int, int], np.ndarray, np.ndarray]]:
     """The model work of one sampled setup: per window, (window, counts of the sampled
     sequences [V^m], exact distribution [V^m])."""
-    draft, target = setup.pair(vocab, seeds.base)
+    draft, target = level_pair(setup.closeness, vocab, seeds.base, setup.draft_vocab_delta)
+    exact = {
+        (s, m): exact_window_distribution(target, prompt, s, m, setup.sampling) for s, m in windows
+    }
     counts = sample_windows(setup, draft, target, prompt, windows, sequences, seeds)
-    return [
-        ((s, m), counts[s, m], exact_window_distribution(target, prompt, s, m, setup.sampling))
-        for s, m in windows
-    ]
+    return [((s, m), counts[s, m], exact[s, m]) for s, m in windows]
 
 
 def run_sampled(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> list[TestRecord]:
