@@ -10,9 +10,12 @@ statistics run on the rows these functions return:
   [last, K drafts], with the run's rollbacks);
 - ``plain_rows``: one token per pass, as plain decoding computes them;
 - ``draft_rows``: a draft model's rows in one pass (an order key for the per-token test);
-- ``rows_both_ways``: one position's row both ways (a greedy divergence).
+- ``rows_both_ways``: one position's row both ways (a greedy divergence);
+- ``probe_rows``: a prompt's greedy continuation scored n tokens in one pass and one token
+  per pass, and rescored after a rollback (the batch-invariance probe).
 
 Every function prefills from scratch (a prefix-reusing wrapper serves the prefix from memory).
+The probe leaves the cache empty.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import torch
+
+from specdec.errors import ConfigError
 
 from .base import CausalLM, extend_last
 
@@ -112,3 +117,45 @@ def rows_both_ways(
     batched = replay_rows(target, prompt, tokens, rounds, upto=index)[index]
     single = plain_rows(target, prompt, tokens, upto=index)[index]
     return batched, single
+
+
+def probe_rows(
+    model: CausalLM, prompt_ids: Sequence[int], ns: Sequence[int]
+) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], float]:
+    """Score one prompt's greedy continuation both ways (the batch-invariance probe's model
+    work, ``certify.invariance``).
+
+    Returns ({n: (batched [n, V], one-at-a-time [n, V], shifted [n, V])}, rollback diff).
+    ``shifted`` is a second n-token pass one position later (after truncating back into the
+    first pass's cache): its row i - 1 and the batched row i share context and pass size and
+    differ only in the row's index within the pass.
+    """
+    n_max = max(ns)
+    if len(prompt_ids) + n_max + 1 > model.n_ctx:
+        raise ConfigError(
+            f"prompt of {len(prompt_ids)} tokens + {n_max + 1} probe tokens exceeds n_ctx "
+            f"{model.n_ctx}"
+        )
+    if model.n_cached:
+        model.truncate(0)
+    last = extend_last(model, list(prompt_ids))[-1]  # [V]
+    base = model.n_cached
+    cont: list[int] = []
+    single: list[torch.Tensor] = []
+    tok = int(torch.argmax(last))
+    for _ in range(n_max + 1):
+        cont.append(tok)
+        row = model.extend([tok])[0]  # [V]
+        single.append(row)
+        tok = int(torch.argmax(row))
+    model.truncate(base)
+    rollback = float((model.extend([cont[0]])[0] - single[0]).abs().max())
+    out: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    for n in ns:
+        model.truncate(base)
+        batched = model.extend(cont[:n])  # [n, V]
+        model.truncate(base + 1)
+        shifted = model.extend(cont[1 : n + 1])  # [n, V]
+        out[n] = (batched, torch.stack(single[:n]), shifted)
+    model.truncate(0)
+    return out, rollback
