@@ -179,6 +179,27 @@ def test_the_file_rules_catch_what_they_forbid() -> None:
     assert "specdec.bench.runner" in _reaches(graph, "specdec.api")
 
 
+def _model_work_reaching_up(graph: dict[str, set[str]]) -> list[str]:
+    """What the certificate's model work (``models.rows``: rows from a model and plain
+    arguments) imports besides the model interface and the errors."""
+    return sorted(
+        f"specdec.models.rows -> {t}"
+        for t in graph["specdec.models.rows"]
+        if t not in ("specdec.models.base", "specdec.errors")
+    )
+
+
+def test_the_certificates_model_work_sits_on_the_model_interface_alone() -> None:
+    """``models.rows`` computes the rows the certificate's levels test from a ``CausalLM`` and
+    plain arguments (pass shapes, not the core's rounds): it imports only ``models.base`` (and
+    the errors), so the levels call down into it and run their statistics on what it
+    returns."""
+    assert _model_work_reaching_up(_file_graph()) == []
+    planted = _file_graph()
+    planted["specdec.models.rows"] = {*planted["specdec.models.rows"], "specdec.core.result"}
+    assert _model_work_reaching_up(planted) == ["specdec.models.rows -> specdec.core.result"]
+
+
 def test_the_endpoint_client_sits_below_both_tools_that_use_it() -> None:
     """specdec.endpoint (client, wire, schema, ...) is what the endpoint bench and the endpoint
     certificate share: it imports neither tool, so both can import it without a cycle."""

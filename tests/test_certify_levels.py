@@ -23,7 +23,6 @@ from specdec.certify.mock_level import (
     Level2Config,
     SampledSetup,
     exact_window_distribution,
-    reference_greedy,
     run_level2,
 )
 from specdec.certify.progress import ProgressLog
@@ -158,10 +157,11 @@ def test_exact_window_distribution_matches_brute_force() -> None:
     assert np.abs(dp - brute).max() < 1e-12 and dp.sum() == pytest.approx(1.0)
 
 
-def test_reference_greedy_follows_the_argmax() -> None:
-    """Each reference token is the exact argmax of logits_for_context (equality)."""
+def test_the_reference_greedy_path_follows_the_argmax() -> None:
+    """Each reference token (``MockLM.greedy_continuation``) is the exact argmax of
+    logits_for_context (equality)."""
     model = MockLM(vocab_size=16)
-    out = reference_greedy(model, [0, 5], 6)
+    out = model.greedy_continuation([0, 5], 6)
     ctx = [0, 5]
     for t in out:
         assert t == int(torch.argmax(model.logits_for_context(ctx)))

@@ -26,7 +26,7 @@ from specdec.certify.faults import (
     injected_fault,
 )
 from specdec.certify.mock_level import mock_prompts
-from specdec.certify.pertoken import RecordingLM, recorded_rows, replay_rows
+from specdec.certify.pertoken import RecordingLM, recorded_rows
 from specdec.certify.real import (
     Level3Config,
     Level3Result,
@@ -39,6 +39,7 @@ from specdec.core.loop import generate
 from specdec.core.sampling import SamplingConfig, make_generator
 from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
+from specdec.models.rows import replay_rows, rows_both_ways
 
 
 @pytest.fixture(autouse=True)
@@ -211,7 +212,8 @@ def test_tie_threshold_is_not_taken_from_the_divergence() -> None:
         )
         if i is None:
             continue
-        d = classify_divergence(target, ids, spec, plain.tokens, i, tie_threshold=0.0)
+        rows = rows_both_ways(target, ids, spec.tokens, spec.rounds, i)
+        d = classify_divergence(*rows, spec.tokens, plain.tokens, i, tie_threshold=0.0)
         assert d.logit_diff > 0.5 and d.threshold == 0.0
         assert d.cause == "real bug"
         return

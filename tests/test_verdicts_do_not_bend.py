@@ -135,11 +135,13 @@ def test_a_probe_that_measured_inf_excuses_no_flip() -> None:
     be finite, and a probe without a finite difference allows no near-tie."""
     from specdec.certify.invariance import InvarianceResult, InvarianceRow
     from specdec.certify.real import classify_divergence
+    from specdec.models.rows import rows_both_ways
 
     target, ids, spec, plain, i = _wrong_rows_divergence()
-    d = classify_divergence(target, ids, spec, plain, i, tie_threshold=math.inf)  # type: ignore[arg-type]
+    rows = rows_both_ways(target, ids, spec.tokens, spec.rounds, i)  # type: ignore[arg-type, attr-defined]
+    d = classify_divergence(*rows, spec.tokens, plain, i, tie_threshold=math.inf)  # type: ignore[arg-type, attr-defined]
     assert d.reproduced and d.cause == "real bug"
-    wide = classify_divergence(target, ids, spec, plain, i, tie_threshold=1e6)  # type: ignore[arg-type]
+    wide = classify_divergence(*rows, spec.tokens, plain, i, tie_threshold=1e6)  # type: ignore[arg-type, attr-defined]
     assert wide.cause == "near-tie"  # the opposite verdict: a finite (if silly) threshold
     row = InvarianceRow(2, 4, math.inf, 0.0, 0.0, 0, 0.0, 0.0, 0.0, 0.0)
     probe = InvarianceResult("m", 1, [2], [row], 0.0, 0.0)
@@ -148,7 +150,7 @@ def test_a_probe_that_measured_inf_excuses_no_flip() -> None:
 
 class _NanSingleRows:
     """The target with every one-token pass returning NaN logits (a broken kernel): plain
-    decoding's rows, as ``sequential_row`` recomputes them, are NaN."""
+    decoding's rows, as ``models.rows.plain_rows`` recomputes them, are NaN."""
 
     def __init__(self, model: object) -> None:
         from specdec.models.wrapped import WrappedLM
@@ -168,15 +170,17 @@ class _NanSingleRows:
 def test_a_nan_row_at_the_divergence_is_a_bug_not_a_tie() -> None:
     """max(gap_batched, gap_single) dropped a NaN that came second: a NaN one-token row at
     the divergence, with a finite batched gap under the threshold, was a "near-tie"."""
-    from specdec.certify.real import classify_divergence, replay_speculative_row, top2_gap
+    from specdec.certify.real import classify_divergence, top2_gap
+    from specdec.models.rows import rows_both_ways
 
     target, ids, spec, plain, i = _wrong_rows_divergence(not_token=0)
     broken = _NanSingleRows(target)
-    gb = top2_gap(replay_speculative_row(broken, ids, spec.tokens, spec.rounds, i))  # type: ignore[arg-type, attr-defined]
+    batched, single = rows_both_ways(broken, ids, spec.tokens, spec.rounds, i)  # type: ignore[arg-type, attr-defined]
+    gb = top2_gap(batched)
     assert math.isfinite(gb)
     nan_plain = list(plain)  # type: ignore[call-overload]
     nan_plain[i] = 0  # argmax of an all-NaN row: the choice plain decoding would make
-    d = classify_divergence(broken, ids, spec, nan_plain, i, tie_threshold=gb + 1.0)  # type: ignore[arg-type]
+    d = classify_divergence(batched, single, spec.tokens, nan_plain, i, tie_threshold=gb + 1.0)  # type: ignore[attr-defined]
     assert d.reproduced and math.isnan(d.gap_single)
     assert d.cause == "real bug"
 

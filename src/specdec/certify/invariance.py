@@ -3,7 +3,8 @@ scored in one pass?
 
 For each prompt the model is prefilled once; a continuation c_1..c_N (the model's own greedy
 tokens, i.e. realistic positions) is then scored one token per pass, and, after truncate()
-back to the same cached prefix, n tokens in ONE pass for each n. Row i of the batched pass and
+back to the same cached prefix, n tokens in ONE pass for each n (``models.rows.probe_rows``:
+the model work; the numbers are made here from the rows it returns). Row i of the batched pass and
 the i-th one-at-a-time row have the same context, so any difference is the backend's batch
 (shape) dependence. Also measured: whether truncate() itself is exact (rescoring c_1 alone
 after the rollback), argmax flips, and the TV distance between the two softmax rows (T = 1).
@@ -25,7 +26,8 @@ import numpy as np
 import torch
 
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM, extend_last
+from specdec.models.base import CausalLM
+from specdec.models.rows import probe_rows
 
 from .common import worst
 from .stats.thresholds import TIE_FACTOR
@@ -122,47 +124,6 @@ def _softmax64(x: torch.Tensor) -> torch.Tensor:
     return torch.softmax(x.double(), dim=-1)
 
 
-def probe_prompt(
-    model: CausalLM, prompt_ids: Sequence[int], ns: Sequence[int]
-) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], float]:
-    """Score one prompt's greedy continuation both ways.
-
-    Returns ({n: (batched [n, V], one-at-a-time [n, V], shifted [n, V])}, rollback diff).
-    ``shifted`` is a second n-token pass one position later (after truncating back into the
-    first pass's cache): its row i - 1 and the batched row i share context and pass size and
-    differ only in the row's index within the pass.
-    """
-    n_max = max(ns)
-    if len(prompt_ids) + n_max + 1 > model.n_ctx:
-        raise ConfigError(
-            f"prompt of {len(prompt_ids)} tokens + {n_max + 1} probe tokens exceeds n_ctx "
-            f"{model.n_ctx}"
-        )
-    if model.n_cached:
-        model.truncate(0)
-    last = extend_last(model, list(prompt_ids))[-1]  # [V]
-    base = model.n_cached
-    cont: list[int] = []
-    single: list[torch.Tensor] = []
-    tok = int(torch.argmax(last))
-    for _ in range(n_max + 1):
-        cont.append(tok)
-        row = model.extend([tok])[0]  # [V]
-        single.append(row)
-        tok = int(torch.argmax(row))
-    model.truncate(base)
-    rollback = float((model.extend([cont[0]])[0] - single[0]).abs().max())
-    out: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-    for n in ns:
-        model.truncate(base)
-        batched = model.extend(cont[:n])  # [n, V]
-        model.truncate(base + 1)
-        shifted = model.extend(cont[1 : n + 1])  # [n, V]
-        out[n] = (batched, torch.stack(single[:n]), shifted)
-    model.truncate(0)
-    return out, rollback
-
-
 def batch_invariance(
     model: CausalLM,
     prompts: Sequence[Sequence[int]],
@@ -184,7 +145,7 @@ def batch_invariance(
     rollback = 0.0
     probed = []  # the model work first, then the numbers
     for ids in prompts:
-        probed.append(probe_prompt(model, ids, ns))
+        probed.append(probe_rows(model, ids, ns))
     for scored, rb in probed:
         rollback = worst([rollback, rb])
         for n, (b, s, sh) in scored.items():

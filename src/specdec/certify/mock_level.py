@@ -1,7 +1,8 @@
 """Level 2: the whole decoding loop on mock models whose distributions are known exactly.
 
 - Greedy: speculative output must be bit-identical to plain output AND to a reference greedy
-  path computed directly from the mock's ``logits_for_context`` (independent of the loop),
+  path computed directly from the mock's logits (``MockLM.greedy_continuation``, independent
+  of the loop),
   for many mock pairs (identical / close / far drafts, two vocabularies), prompts, K and both
   drafters (model, n-gram). Threshold: zero mismatches.
 - Sampled: for each configuration (pair, K, drafter, sampling transform) N independent
@@ -43,20 +44,6 @@ from .stats.thresholds import ALPHA, POWER
 
 
 # ------------------------------------------------------------------ exact distributions
-def reference_greedy(model: MockLM, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
-    """Greedy continuation straight from ``logits_for_context`` (argmax, first index on ties),
-    stopping after EOS: the ground truth for the greedy checks."""
-    ctx = [int(t) for t in prompt]
-    out: list[int] = []
-    while len(out) < max_new_tokens:
-        tok = int(torch.argmax(model.logits_for_context(ctx)))
-        out.append(tok)
-        ctx.append(tok)
-        if tok in model.eos_token_ids:
-            break
-    return out
-
-
 def exact_window_distribution(
     model: MockLM, prompt: Sequence[int], start: int, m: int, sampling: SamplingConfig
 ) -> np.ndarray:
@@ -96,6 +83,16 @@ def exact_window_distribution(
 
 
 # ------------------------------------------------------------------ configuration
+def level_pair(
+    closeness: str, vocab: int, seed: int, draft_vocab_delta: int = 0
+) -> tuple[MockLM, MockLM]:
+    """The (draft, target) mock pair of a greedy unit or a sampled setup: ``closeness``, the
+    target's vocabulary, and a draft with ``draft_vocab_delta`` ids more (a padded pair)."""
+    return mock_pair(
+        closeness, vocab_size=vocab, seed=seed, draft_vocab_size=vocab + draft_vocab_delta
+    )
+
+
 @dataclass(frozen=True)
 class SampledSetup:
     """One sampled configuration of Level 2."""
@@ -115,15 +112,6 @@ class SampledSetup:
     @property
     def sampling(self) -> SamplingConfig:
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
-
-    def pair(self, vocab: int, seed: int) -> tuple[MockLM, MockLM]:
-        """The (draft, target) mock pair of this setup."""
-        return mock_pair(
-            self.closeness,
-            vocab_size=vocab,
-            seed=seed,
-            draft_vocab_size=vocab + self.draft_vocab_delta,
-        )
 
 
 DEFAULT_SETUPS: tuple[SampledSetup, ...] = (
@@ -194,34 +182,34 @@ PREDICTIONS = ("prediction", "prediction-wrong", "prediction-shifted", "predicti
 FOREIGN = SeedPlan(0)  # the foreign predictions' stream: fixed, not the run's --seed
 
 
-def mock_prediction(kind: str, target: MockLM, prompt: Sequence[int], n: int) -> list[int]:
-    """The prediction of ``kind`` for ``prompt`` (n tokens of the target's greedy output)."""
-    right = reference_greedy(target, prompt, n)
-    vocab = target.vocab_size
+def mock_prediction(
+    kind: str, right: Sequence[int], prompt: Sequence[int], vocab: int, n: int
+) -> list[int]:
+    """The prediction of ``kind`` for ``prompt`` from ``right``, the target's greedy
+    continuation of it (``MockLM.greedy_continuation``, n tokens or up to EOS); the foreign
+    one is n tokens of a fixed stream."""
     if kind == "prediction":
-        return right
+        return list(right)
     if kind == "prediction-wrong":
         return [(t + 1) % vocab for t in right]
     if kind == "prediction-shifted":
-        return right[1:]
+        return list(right[1:])
     assert kind == "prediction-foreign", kind
     g = FOREIGN.generator("l2-foreign", *prompt)
     return [int(t) for t in torch.randint(vocab, (n,), generator=g)]
 
 
-def _drafter(
-    kind: str, draft: MockLM, target: MockLM, prompt: Sequence[int], n: int, prediction: Any = None
-) -> MockLM | Drafter:
-    """A fresh drafter of ``kind`` (a prediction drafter is made for one generation;
-    ``prediction``: its tokens when already made)."""
+def _drafter(kind: str, draft: MockLM, prediction: Sequence[int] | None = None) -> MockLM | Drafter:
+    """A fresh drafter of ``kind`` (a prediction drafter, made for one generation, drafts
+    ``prediction``: ``mock_prediction``'s tokens)."""
     if kind == "ngram":
         return NgramDrafter(max_n=3)
     if kind == "planned":
         return PlannedSuffixDrafter(SuffixDrafter(), MOCK_PLANNER_COSTS)
     if kind in PREDICTIONS:
+        assert prediction is not None, kind
         fallback = PlannedSuffixDrafter(SuffixDrafter(), MOCK_PLANNER_COSTS)
-        tokens = prediction if prediction is not None else mock_prediction(kind, target, prompt, n)
-        return PredictionDrafter(tokens, costs=MOCK_PLANNER_COSTS, fallback=fallback)
+        return PredictionDrafter(prediction, costs=MOCK_PLANNER_COSTS, fallback=fallback)
     return draft
 
 
@@ -305,24 +293,32 @@ def greedy_outputs(
     draft: MockLM,
     target: MockLM,
     prompt: Sequence[int],
+    ref: list[int],
     max_new_tokens: int,
     drafters: Sequence[str],
     ks: Sequence[int],
 ) -> tuple[list[int], list[int], dict[tuple[str, int], list[int]]]:
-    """The greedy outputs for one prompt: the reference path (``reference_greedy``), plain
-    decoding, and speculative decoding for every (drafter, K)."""
+    """The greedy outputs for one prompt, given its reference path ``ref`` (the target's
+    ``greedy_continuation`` of ``max_new_tokens``): the reference, plain decoding, and
+    speculative decoding for every (drafter, K), each with a fresh drafter (the predictions
+    made from ``ref``)."""
     greedy = SamplingConfig()
-    ref = reference_greedy(target, prompt, max_new_tokens)
+    vocab = target.vocab_size
+    predicted = {
+        kind: mock_prediction(kind, ref, prompt, vocab, max_new_tokens)
+        for kind in drafters
+        if kind in PREDICTIONS
+    }
+    made = {(kind, k): _drafter(kind, draft, predicted.get(kind)) for kind in drafters for k in ks}
     plain = generate(
         target, None, prompt, max_new_tokens=max_new_tokens, k=0, sampling=greedy
     ).tokens
-    spec: dict[tuple[str, int], list[int]] = {}
-    for kind in drafters:
-        for k in ks:
-            drafter = _drafter(kind, draft, target, prompt, max_new_tokens)
-            spec[kind, k] = generate(
-                target, drafter, prompt, max_new_tokens=max_new_tokens, k=k, sampling=greedy
-            ).tokens
+    spec = {
+        (kind, k): generate(
+            target, drafter, prompt, max_new_tokens=max_new_tokens, k=k, sampling=greedy
+        ).tokens
+        for (kind, k), drafter in made.items()
+    }
     return ref, plain, spec
 
 
@@ -348,16 +344,13 @@ def run_greedy(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> l
             if stored is not None:
                 units.extend(stored)
                 continue
-            draft, target = mock_pair(closeness, vocab_size=vocab, seed=seeds.base)
+            draft, target = level_pair(closeness, vocab, seeds.base)
+            n = cfg.greedy_max_new_tokens
+            refs = [target.greedy_continuation(prompt, n) for prompt in prompts]
             batch: list[GreedyUnit] = []
-            for pi, prompt in enumerate(prompts):
+            for pi, (prompt, ref) in enumerate(zip(prompts, refs, strict=True)):
                 outputs = greedy_outputs(
-                    draft,
-                    target,
-                    prompt,
-                    cfg.greedy_max_new_tokens,
-                    cfg.greedy_drafters,
-                    cfg.greedy_ks,
+                    draft, target, prompt, ref, n, cfg.greedy_drafters, cfg.greedy_ks
                 )
                 batch.extend(greedy_units(f"{closeness}-V{vocab}/prompt{pi}", *outputs))
             units.extend(batch)
@@ -366,28 +359,42 @@ def run_greedy(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> l
     return units
 
 
+def window_end(windows: Sequence[tuple[int, int]]) -> int:
+    """The last generated position (1-based) that a window of ``windows`` covers."""
+    return max(s + m - 1 for s, m in windows)
+
+
+def setup_length(setup: SampledSetup, windows: Sequence[tuple[int, int]]) -> int:
+    """Tokens a sampled sequence of ``setup`` is generated for: its windows, and K more, so
+    that the length does not cut the drafts of the rounds that reach the windows."""
+    return window_end(windows) + setup.k
+
+
 def sample_windows(
     setup: SampledSetup,
     draft: MockLM,
     target: MockLM,
     prompt: Sequence[int],
+    right: list[int] | None,
     windows: Sequence[tuple[int, int]],
     sequences: int,
     seeds: SeedPlan,
 ) -> dict[tuple[int, int], np.ndarray]:
-    """Counts [V^m] per window from ``sequences`` independent sequences (one seed each)."""
+    """Counts [V^m] per window from ``sequences`` independent sequences (one seed each);
+    ``right``: the target's greedy continuation the predictions are made from (a prediction
+    setup; ``setup_length`` tokens)."""
     vocab = target.vocab_size
-    end = max(s + m - 1 for s, m in windows)
     counts = {w: np.zeros(vocab ** w[1], dtype=np.int64) for w in windows}
-    n = end + setup.k
-    drafter = _drafter(setup.drafter, draft, target, prompt, n) if setup.k > 0 else None
-    predicted = (
-        mock_prediction(setup.drafter, target, prompt, n) if setup.drafter in PREDICTIONS else None
-    )
+    end, n = window_end(windows), setup_length(setup, windows)
+    predicted = None
+    if setup.drafter in PREDICTIONS:
+        assert right is not None, setup.name
+        predicted = mock_prediction(setup.drafter, right, prompt, vocab, n)
+    drafter = _drafter(setup.drafter, draft, predicted) if setup.k > 0 else None
     for i in range(sequences):
         toks: list[int] = []
         if predicted is not None:  # a prediction drafter follows one generation
-            drafter = _drafter(setup.drafter, draft, target, prompt, n, predicted)
+            drafter = _drafter(setup.drafter, draft, predicted)
         for ev in generate_stream(
             target,
             drafter,
@@ -416,12 +423,14 @@ def setup_windows(
 ) -> list[tuple[tuple[int, int], np.ndarray, np.ndarray]]:
     """The model work of one sampled setup: per window, (window, counts of the sampled
     sequences [V^m], exact distribution [V^m])."""
-    draft, target = setup.pair(vocab, seeds.base)
-    counts = sample_windows(setup, draft, target, prompt, windows, sequences, seeds)
-    return [
-        ((s, m), counts[s, m], exact_window_distribution(target, prompt, s, m, setup.sampling))
-        for s, m in windows
-    ]
+    n = setup_length(setup, windows)
+    draft, target = level_pair(setup.closeness, vocab, seeds.base, setup.draft_vocab_delta)
+    exact = {
+        (s, m): exact_window_distribution(target, prompt, s, m, setup.sampling) for s, m in windows
+    }
+    right = target.greedy_continuation(prompt, n) if setup.drafter in PREDICTIONS else None
+    counts = sample_windows(setup, draft, target, prompt, right, windows, sequences, seeds)
+    return [((s, m), counts[s, m], exact[s, m]) for s, m in windows]
 
 
 def run_sampled(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> list[TestRecord]:

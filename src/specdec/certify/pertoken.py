@@ -7,15 +7,16 @@ target's next-token row for every emitted position is obtained two ways:
     them; ``recorded_rows`` checks that each pass is exactly the one the output implies —
     cache length, [last, accepted drafts], K + 1 positions — so these are the rows of the
     shape-matched replay without a second pass). On the sequences also scored against plain
-    decoding the full replay (``replay_rows``: prefill, then each round's pass over [last,
-    accepted drafts, filler] with the run's rollbacks) is computed too and must reproduce
-    the recorded rows bit for bit. Under a correct walk x_t is distributed as its row given
-    everything before it (module ``stats.pit``), so the PIT values must be uniform whatever the
-    backend's batch-shape numerics.
-(b) plain one-token-per-pass scoring (``plain_rows``): the rows plain decoding samples from.
-    The PIT test against them shows whether the user sees plain decoding's distribution; the
-    EFFECT of the difference is measured directly as the per-token TV between the (a) and (b)
-    rows (mean over positions of a sequence; the sequences are the independent units).
+    decoding the full replay (``models.rows.replay_rows``: prefill, then each round's pass
+    over [last, accepted drafts, filler] with the run's rollbacks) is computed too and must
+    reproduce the recorded rows bit for bit. Under a correct walk x_t is distributed as its
+    row given everything before it (module ``stats.pit``), so the PIT values must be uniform
+    whatever the backend's batch-shape numerics.
+(b) plain one-token-per-pass scoring (``models.rows.plain_rows``): the rows plain decoding
+    samples from. The PIT test against them shows whether the user sees plain decoding's
+    distribution; the EFFECT of the difference is measured directly as the per-token TV
+    between the (a) and (b) rows (mean over positions of a sequence; the sequences are the
+    independent units).
 
 Both use the same auxiliary uniforms V_t (a generator seeded for this purpose only) and the
 same token order (draft row / reference row, from one pass of the draft model over the
@@ -35,72 +36,11 @@ from specdec.core.drafter import Drafter
 from specdec.core.loop import generate
 from specdec.core.result import Round
 from specdec.core.sampling import SamplingConfig, logits_to_probs
-from specdec.models.base import CausalLM, extend_last
+from specdec.models.base import CausalLM
+from specdec.models.rows import draft_rows, plain_rows, replay_rows
 from specdec.models.wrapped import WrappedLM
 
 from .stats.pit import draw_v, pit_in_chunks
-
-
-def _prefill(model: CausalLM, prompt: Sequence[int]) -> list[int]:
-    """Cache = prompt[:-1] (from scratch; a prefix-reusing wrapper serves it from memory)."""
-    ctx = [int(t) for t in prompt]
-    if model.n_cached:
-        model.truncate(0)
-    if len(ctx) > 1:
-        extend_last(model, ctx[:-1])
-    return ctx
-
-
-def replay_rows(
-    target: CausalLM,
-    prompt: Sequence[int],
-    tokens: Sequence[int],
-    rounds: Sequence[Round],
-    upto: int | None = None,
-) -> torch.Tensor:
-    """The target's rows [n, V] for the generated positions 0..n-1 (n = len(tokens), or
-    upto + 1) computed in the speculative run's shapes: prefill of prompt[:-1], then each
-    round's pass over [last, K drafts] (accepted drafts are known; rejected ones are replaced
-    by the emitted correction, which only later rows of that pass see), with the same
-    rollbacks."""
-    n = len(tokens) if upto is None else upto + 1
-    ctx = _prefill(target, prompt)
-    pos = 0
-    out: list[torch.Tensor] = []
-    for r in rounds:
-        if pos >= n:
-            break
-        accepted = [int(t) for t in tokens[pos : pos + r.n_accepted]]
-        nxt = pos + r.n_accepted
-        filler = int(tokens[nxt]) if nxt < len(tokens) else ctx[-1]  # rejected drafts unknown
-        drafts = accepted + [filler] * (r.k - len(accepted))
-        logits = target.extend([ctx[-1], *drafts])  # [K+1, V]
-        out.append(logits[: r.n_emitted])
-        if r.n_accepted < r.k:
-            target.truncate(len(ctx) + r.n_accepted)
-        ctx.extend(int(t) for t in tokens[pos : pos + r.n_emitted])
-        pos += r.n_emitted
-    if pos < n:
-        raise ValueError(f"position {n - 1} is not covered by the {len(rounds)} rounds")
-    return torch.cat(out)[:n]  # [n, V]
-
-
-def plain_rows(
-    target: CausalLM, prompt: Sequence[int], tokens: Sequence[int], upto: int | None = None
-) -> torch.Tensor:
-    """The target's rows [n, V] for positions 0..n-1 as plain decoding computes them:
-    prefill of prompt[:-1], then one token per pass."""
-    n = len(tokens) if upto is None else upto + 1
-    ctx = _prefill(target, prompt)
-    feed = [ctx[-1], *(int(t) for t in tokens[: n - 1])]
-    return torch.cat([target.extend([t]) for t in feed])  # [n, V]
-
-
-def draft_rows(draft: CausalLM, prompt: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
-    """The draft model's rows [n, V] for positions 0..n-1 in one pass (only an order key:
-    any function of x_<t keeps the PIT exact, so batch numerics do not matter here)."""
-    ctx = _prefill(draft, prompt)
-    return draft.extend([ctx[-1], *(int(t) for t in tokens[:-1])])  # [n, V]
 
 
 class RecordingLM(WrappedLM):

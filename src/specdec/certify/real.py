@@ -41,14 +41,14 @@ import torch
 
 from specdec.core.drafter import Drafter
 from specdec.core.loop import as_drafter, generate
-from specdec.core.result import GenerationResult
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.models.base import CausalLM
+from specdec.models.rows import rows_both_ways
 
 from .common import FAIL, PASS, WARN, first_difference, fmt, worst
 from .invariance import InvarianceResult, batch_invariance
-from .pertoken import SequenceScore, plain_rows, replay_rows, score_sequence
+from .pertoken import SequenceScore, score_sequence
 from .prefix_cache import PrefixReuseLM
 from .progress import ProgressLog, revive
 from .seeds import SeedPlan
@@ -98,26 +98,6 @@ def top2_gap(row: torch.Tensor) -> float:
     return float(top[0] - top[1])
 
 
-def replay_speculative_row(
-    target: CausalLM,
-    prompt: Sequence[int],
-    tokens: Sequence[int],
-    rounds: Sequence[Any],
-    index: int,
-) -> torch.Tensor:
-    """The target's row [V] for generated position ``index`` in the speculative run's shapes
-    (``pertoken.replay_rows``)."""
-    return replay_rows(target, prompt, tokens, rounds, upto=index)[index]
-
-
-def sequential_row(
-    target: CausalLM, prompt: Sequence[int], tokens: Sequence[int], index: int
-) -> torch.Tensor:
-    """The target's row [V] for generated position ``index`` as plain decoding computes it:
-    prefill of prompt[:-1], then one token per pass."""
-    return plain_rows(target, prompt, tokens, upto=index)[index]
-
-
 @dataclass
 class Divergence:
     index: int  # first generated position where the outputs differ
@@ -144,27 +124,24 @@ class GreedyPrompt:
 
 
 def classify_divergence(
-    target: CausalLM,
-    prompt: Sequence[int],
-    spec: GenerationResult,
+    batched: torch.Tensor,
+    single: torch.Tensor,
+    spec_tokens: Sequence[int],
     plain_tokens: Sequence[int],
     index: int,
     tie_threshold: float,
 ) -> Divergence:
-    """Recompute the divergent position both ways and name the cause (module docstring).
-    ``tie_threshold`` must come from an independent measurement (the probe)."""
-    if index >= len(spec.tokens) or index >= len(plain_tokens):
-        # one output is a prefix of the other: a stop (EOS) in one of them only
-        idx = min(index, len(spec.tokens) - 1, len(plain_tokens) - 1)
-    else:
-        idx = index
-    b = replay_speculative_row(target, prompt, spec.tokens, spec.rounds, idx)
-    s = sequential_row(target, prompt, spec.tokens, idx)
-    diff = float((b - s).abs().max())
-    gb, gs = top2_gap(b), top2_gap(s)
-    st = spec.tokens[index] if index < len(spec.tokens) else None
+    """Name the cause of the first difference (at ``index``) between the speculative and the
+    plain output (module docstring), from the target's row [V] at that position (the last
+    one both outputs have, where one is a prefix of the other) computed both ways: ``batched``
+    in the speculative run's shapes, ``single`` one token per pass
+    (``models.rows.rows_both_ways``). ``tie_threshold`` must come from an independent
+    measurement (the probe)."""
+    diff = float((batched - single).abs().max())
+    gb, gs = top2_gap(batched), top2_gap(single)
+    st = spec_tokens[index] if index < len(spec_tokens) else None
     pt = plain_tokens[index] if index < len(plain_tokens) else None
-    ab, as_ = int(torch.argmax(b)), int(torch.argmax(s))
+    ab, as_ = int(torch.argmax(batched)), int(torch.argmax(single))
     reproduced = ab == st and as_ == pt
     # both gaps, each on its own (max() drops a NaN that comes second), finite, and a finite
     # threshold: a row with NaN or inf logits is a bug, not a near-tie
@@ -202,11 +179,13 @@ def greedy_prompt(
         target, draft, prompt, max_new_tokens=n, k=cfg.k, sampling=greedy, seed=0
     )
     i = first_difference(spec.tokens, plain.tokens)
-    div = (
-        None
-        if i is None
-        else classify_divergence(target, prompt, spec, plain.tokens, i, tie_threshold)
-    )
+    div = None
+    if i is not None:  # the model work (the row both ways), then the verdict on those rows
+        # the position itself, or where one output is a prefix of the other (a stop at EOS
+        # in one of them only) the last position both have
+        at = min(i, len(spec.tokens) - 1, len(plain.tokens) - 1)
+        rows = rows_both_ways(target, prompt, spec.tokens, spec.rounds, at)
+        div = classify_divergence(*rows, spec.tokens, plain.tokens, i, tie_threshold)
     return GreedyPrompt(
         prompt=index,
         n_tokens=len(spec.tokens),

@@ -88,6 +88,19 @@ class MockLM:
         """Next-token logits [V] after ``context`` (a pure function of the last window)."""
         return self._logits_for_key(tuple(int(t) for t in context[-self.spec.order :]))
 
+    def greedy_continuation(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+        """Greedy continuation straight from ``logits_for_context`` (argmax, first index on
+        ties), stopping after EOS: the exact greedy path, independent of any decoding loop."""
+        ctx = [int(t) for t in prompt]
+        out: list[int] = []
+        while len(out) < max_new_tokens:
+            tok = int(torch.argmax(self.logits_for_context(ctx)))
+            out.append(tok)
+            ctx.append(tok)
+            if tok in self.eos_token_ids:
+                break
+        return out
+
     def _logits_for_key(self, key: tuple[int, ...]) -> torch.Tensor:
         s = self.spec
         n = s.draw_vocab or s.vocab_size
