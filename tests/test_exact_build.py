@@ -133,6 +133,10 @@ def test_doctor_and_the_profile_name_the_build() -> None:
     from specdec.models.kernel_check import build_line
 
     assert exact_build_text(True).startswith("exact build")
+    assert "version" not in exact_build_text(True)  # a report from before it was recorded
+    v1, v2 = exact_build_text(True, 1), exact_build_text(True, 2)
+    assert "patch version 1" in v1 and "the tiled path off" in v1
+    assert "patch version 2" in v2 and "and the tiled path" in v2
     assert exact_build_text(False).startswith("stock build") and "make exact-build" in (
         exact_build_text(False)
     )

@@ -50,17 +50,27 @@ def _llama() -> dict[str, Any]:
         out["optional_kernels"] = list(g.extra_types())
         out["gpu_devices"] = g.has_gpu()
         out["exact_build"] = g.row_invariant_repack()
+        out["exact_build_version"] = g.row_invariant_version()
     except Exception as e:  # an unusual build: say so rather than fail the report
         out["optional_kernels"] = f"unreadable: {e}"
     return out
 
 
-def exact_build_text(exact_build: object) -> str:
-    """Which build is present, in the words doctor and the profile use."""
+def exact_build_text(exact_build: object, version: object = None) -> str:
+    """Which build is present, in the words doctor and the profile use (``version``: the
+    patch version the build reports, where known)."""
     if exact_build is True:
+        from specdec.models.exact_kernels import KEEPS_TILED_FROM
+
+        if not isinstance(version, int) or version < 1:
+            kept, named = "the repacked kernels", ""
+        elif version >= KEEPS_TILED_FROM:
+            kept, named = "the repacked kernels and the tiled path", f", patch version {version}"
+        else:
+            kept, named = "the repacked kernels, the tiled path off", f", patch version {version}"
         return (
-            "exact build (patches/ggml-cpu-repack-row-invariant.patch): --exact keeps the "
-            "repacked kernels (row-invariant mode)"
+            f"exact build (patches/ggml-cpu-repack-row-invariant.patch{named}): --exact keeps "
+            f"{kept} (row-invariant mode)"
         )
     if exact_build is False:
         return (
@@ -223,7 +233,7 @@ def _lines(r: dict[str, Any]) -> list[str]:
             f"  optional kernels (extra buffer types): "
             f"{', '.join(kernels) if isinstance(kernels, list) else kernels or 'none'}",
             f"  build: {made_text}",
-            "  " + exact_build_text(ll.get("exact_build")),
+            "  " + exact_build_text(ll.get("exact_build"), ll.get("exact_build_version")),
             f"  libraries: {ll.get('lib_dir')}"
             + (" (LLAMA_CPP_LIB_PATH: another build)" if ll.get("lib_path_env") else ""),
             f"  make install here would: {ll['build_plan_here']['reason']}",
