@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from specdec.build_flags import (
     AMX_OPTIONS,
     BuildPlan,
@@ -106,3 +108,30 @@ def test_the_script_runs_without_the_package_installed() -> None:
         [sys.executable, "-S", "-I", str(script), "--key"], capture_output=True, text=True
     )
     assert key.returncode == 0 and len(key.stdout.strip()) == 16
+
+
+def test_a_failing_build_step_is_one_line_and_a_nonzero_exit(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """pip or patch failing (their own output above) ends in one line naming the command,
+    not a traceback; so does a folder the build cannot write."""
+    import specdec.build_flags as bf
+
+    def fail(cmd: list[str], env: dict[str, str]) -> None:
+        raise subprocess.CalledProcessError(2, cmd)
+
+    monkeypatch.setattr(bf, "_run", fail)
+    monkeypatch.setattr(bf, "installed_record", lambda prefix=None: None)
+    assert bf.main(["--install", sys.executable, "--wheels", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("build_flags: `") and "failed (exit 2)" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+    def unwritable(*a: object, **k: object) -> None:
+        raise PermissionError(13, "Permission denied", str(tmp_path / "wheels"))
+
+    monkeypatch.setattr(bf, "install", unwritable)
+    assert bf.main(["--install", sys.executable, "--wheels", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("build_flags: ") and "Permission denied" in err
+    assert len(err.splitlines()) == 1

@@ -283,11 +283,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(plan.key())
         return 0
     print(explain(plan), flush=True)
-    if args.install:
-        install(args.install, plan, args.wheels)
-    if args.install_exact:
-        print(f"  patch: {PATCH.name} (GGML_CPU_REPACK_ROW_INVARIANT)", flush=True)
-        install_exact(args.install_exact, plan, args.wheels)
+    try:
+        if args.install:
+            install(args.install, plan, args.wheels)
+        if args.install_exact:
+            print(f"  patch: {PATCH.name} (GGML_CPU_REPACK_ROW_INVARIANT)", flush=True)
+            install_exact(args.install_exact, plan, args.wheels)
+    except subprocess.CalledProcessError as e:  # its own output is above; one line here
+        print(f"build_flags: `{' '.join(map(str, e.cmd))}` failed (exit {e.returncode})",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    except OSError as e:  # no compiler, no patch program, a folder it cannot write
+        print(f"build_flags: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
