@@ -10,6 +10,12 @@ once per process, and the repack choice is made at load):
   no_repack_tiled_off both
   pad16               default, with passes of pad_min..15 tokens padded to 16 rows (pad rows
                       non-output, removed from the cache after the pass)
+  row_invariant       env GGML_CPU_REPACK_ROW_INVARIANT=1 (the exact build's mode; also
+                      row_invariant_tiled_off, tiled_forced, no_repack_tiled_forced)
+  flash_q8v           exact numerics' attention settings alone: flash attention, F16 keys,
+                      Q8_0 values
+  exact               exact numerics as a whole (``exact=True``; on the exact build its
+                      row-invariant mode on)
 
 Each pass is timed as ``extend`` then ``truncate`` back to the context; repeats alternate
 ascending and descending n; the table shows medians. Prints a table and writes JSON with the
@@ -48,6 +54,10 @@ SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         {},
     ),
     # the tiled K-quant path for every row count (ggml's test switch), with and without repack
+    # exact numerics' attention settings alone (flash attention, F16 keys / Q8_0 values)
+    "flash_q8v": ({}, {"flash_attn": True, "type_k": "f16", "type_v": "q8_0"}),
+    # exact numerics as a whole (on the exact build: its row-invariant mode on, kernels kept)
+    "exact": ({}, {"exact": True}),
     "tiled_forced": ({"GGML_CPU_TILED_MM_FORCE": "1"}, {}),
     "no_repack_tiled_forced": ({"GGML_CPU_TILED_MM_FORCE": "1"}, {"repack": False}),
 }
