@@ -53,6 +53,19 @@ SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         {"GGML_CPU_TILED_MM": "0", "GGML_CPU_REPACK_ROW_INVARIANT": "0"},
         {"kernels": "all", "flash_attn": True, "type_k": "f16", "type_v": "q8_0"},
     ),
+    # the exact build's row-invariant kernels with three KV-cache choices under flash
+    # attention: exact numerics' own (F16 keys / Q8_0 values), the swap (Q8_0 keys / F16
+    # values: also types that differ, so the one-token path does not split the KV range),
+    # and the F16 cache (the split: the fixture that must differ at long contexts)
+    "ri_kv_f16_q8": (
+        {"GGML_CPU_REPACK_ROW_INVARIANT": "1"},
+        {"flash_attn": True, "type_k": "f16", "type_v": "q8_0"},
+    ),
+    "ri_kv_q8_f16": (
+        {"GGML_CPU_REPACK_ROW_INVARIANT": "1"},
+        {"flash_attn": True, "type_k": "q8_0", "type_v": "f16"},
+    ),
+    "ri_kv_f16_f16": ({"GGML_CPU_REPACK_ROW_INVARIANT": "1"}, {"flash_attn": True}),
     "hf_float32": ({}, {"dtype": "float32"}),
     "hf_bfloat16": ({}, {"dtype": "bfloat16"}),
 }

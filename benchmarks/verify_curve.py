@@ -13,7 +13,8 @@ once per process, and the repack choice is made at load):
   row_invariant       env GGML_CPU_REPACK_ROW_INVARIANT=1 (the exact build's mode; also
                       row_invariant_tiled_off, tiled_forced, no_repack_tiled_forced)
   flash_q8v           exact numerics' attention settings alone: flash attention, F16 keys,
-                      Q8_0 values (flash: flash attention with the F16 cache)
+                      Q8_0 values (flash: flash attention with the F16 cache; flash_q8k:
+                      Q8_0 keys, F16 values)
   exact               exact numerics as a whole (``exact=True``; on the exact build its
                       row-invariant mode on)
 
@@ -57,6 +58,7 @@ SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     # exact numerics' attention settings alone (flash attention, F16 keys / Q8_0 values)
     "flash_q8v": ({}, {"flash_attn": True, "type_k": "f16", "type_v": "q8_0"}),
     "flash": ({}, {"flash_attn": True}),  # flash attention with the F16 cache
+    "flash_q8k": ({}, {"flash_attn": True, "type_k": "q8_0", "type_v": "f16"}),  # the swap
     # exact numerics as a whole (on the exact build: its row-invariant mode on, kernels kept)
     "exact": ({}, {"exact": True}),
     "tiled_forced": ({"GGML_CPU_TILED_MM_FORCE": "1"}, {}),
