@@ -35,8 +35,9 @@ In each process, on the default target (2 threads):
     token to the last, prefill excluded.
 
 The report gives per-figure medians over rounds and the ratio exact / default with the
-spread of the per-round ratios; ``--json`` keeps every sample. Timings are only meaningful on
-a quiet machine.
+spread of the per-round ratios; ``--json`` keeps every sample, written after every round
+(``--resume`` continues a stopped run after its last finished round). Timings are only
+meaningful on a quiet machine.
 
     PYTHONPATH=src python benchmarks/exact_cost.py --rounds 3 --with-none \
         [--patched-lib DIR] --json benchmarks/results/exact-cost.json
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patched-lib", type=Path, help="also exact on the build in this lib dir")
     ap.add_argument("--specdec-default", action="store_true", help="also specdec's default decode")
     ap.add_argument("--only", help="run only these settings (comma-separated) and default")
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--json", type=Path, help="written after every round")
+    ap.add_argument("--resume", action="store_true", help="continue the rounds in --json")
     ap.add_argument("--from-json", type=Path, help="print the report of a saved run")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -284,43 +286,60 @@ def main(argv: list[str] | None = None) -> int:
         print(report(json.loads(args.from_json.read_text())["rounds"]))
         return 0
     load = os.getloadavg()
-    rounds = []
-    t0 = time.perf_counter()
     names = list(settings(args))
-    for i in range(args.rounds):
+    rounds: list[dict[str, Any]] = []
+    spent = 0.0
+    if args.resume and args.json and args.json.is_file():  # the rounds a stopped run finished
+        done = json.loads(args.json.read_text())
+        if sorted(done.get("settings", [])) != sorted(names):
+            raise SystemExit(f"--resume: {args.json} holds other settings {done.get('settings')}")
+        rounds, spent = list(done["rounds"]), float(done.get("seconds", 0.0))
+        print(f"resuming after {len(rounds)} round(s) from {args.json}", file=sys.stderr)
+    t0 = time.perf_counter()
+    for i in range(len(rounds), args.rounds):
         order = names if i % 2 == 0 else list(reversed(names))
         rounds.append({s: run_worker(s, args) for s in order})
         print(
             f"round {i + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr
         )
+        if args.json:  # after every round: a stopped run loses at most the round it was in
+            write_json(args, names, rounds, load, spent + time.perf_counter() - t0)
     print(report(rounds))
     if args.json:
-        import llama_cpp
-
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "target": TARGET,
-                    "threads": args.threads,
-                    "repeats": args.repeats,
-                    "llama_cpp_python": llama_cpp.__version__,
-                    "system_info": llama_cpp.llama_print_system_info().decode(),
-                    "machine": {
-                        "platform": platform.platform(),
-                        "cpu_count": os.cpu_count(),
-                        "loadavg_before": load,
-                        "loadavg_after": os.getloadavg(),
-                    },
-                    "seconds": time.perf_counter() - t0,
-                    "rounds": rounds,
-                },
-                indent=1,
-            )
-            + "\n"
-        )
         print(f"wrote {args.json}")
     return 0
+
+
+def write_json(
+    args: argparse.Namespace,
+    names: list[str],
+    rounds: list[dict[str, Any]],
+    load: tuple[float, float, float],
+    seconds: float,
+) -> None:
+    import llama_cpp
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "target": TARGET,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "settings": names,
+        "llama_cpp_python": llama_cpp.__version__,
+        "system_info": llama_cpp.llama_print_system_info().decode(),
+        "machine": {
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "loadavg_before": load,
+            "loadavg_after": os.getloadavg(),
+        },
+        "seconds": seconds,
+        "complete": len(rounds) >= args.rounds,
+        "rounds": rounds,
+    }
+    tmp = args.json.with_name(args.json.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(args.json)
 
 
 if __name__ == "__main__":
