@@ -30,22 +30,45 @@ fi
 if [[ ! -f "$dir/.done-$floor" ]]; then
     "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --target "$dir" \
         "transformers==$floor"
-    # what that version needs and the venv's packages do not satisfy (tokenizers, hub, ...)
+    # what that version needs and the venv's packages do not satisfy (tokenizers, hub, ...).
+    # Also what the venv's newer transformers pulled in that this version only knows as an
+    # optional integration, at a version its extra does not allow: 5.25 requires `kernels`,
+    # and 5.0 imports any kernels present, which from 0.15 on fails at import ("Either a
+    # revision or a version must be specified"); a user of 5.0 has no kernels, or its pin.
     needs=$(PYTHONPATH="$dir" "$PY" - "$dir" <<'PYEOF'
 import sys
 from importlib import metadata
+from pathlib import Path
 from packaging.requirements import Requirement
-dist = next(d for d in metadata.distributions(path=[sys.argv[1]]) if d.name == "transformers")
-for raw in dist.requires or []:
+from packaging.utils import canonicalize_name as canon
+floor_dir = Path(sys.argv[1]).resolve()
+def plain(dist):  # its requirements without an extra
+    reqs = [Requirement(r) for r in dist.requires or []]
+    return [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+tfs = [d for d in metadata.distributions() if canon(d.name) == "transformers"]
+floor = next(d for d in tfs if Path(d.locate_file("")).resolve() == floor_dir)
+newer = [d for d in tfs if d is not floor]
+pulled = {canon(r.name) for d in newer for r in plain(d)}
+required = {canon(r.name) for r in plain(floor)}
+out = {}
+for raw in floor.requires or []:
     req = Requirement(raw)
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+    name = canon(req.name)
+    if name in out or (name not in required and name not in pulled):
         continue
+    if req.marker is not None and not any(
+        req.marker.evaluate({"extra": e}) for e in [""] + (floor.metadata.get_all("Provides-Extra") or [])
+    ):
+        continue  # another platform's or Python's requirement
     try:
         have = metadata.version(req.name)
     except metadata.PackageNotFoundError:
         have = None
-    if have is None or not req.specifier.contains(have, prereleases=True):
-        print(f"{req.name}{req.specifier}")
+    if name in required and have is None:
+        out[name] = f"{req.name}{req.specifier}"
+    elif have is not None and not req.specifier.contains(have, prereleases=True):
+        out[name] = f"{req.name}{req.specifier}"
+print(" ".join(out.values()))
 PYEOF
 )
     if [[ -n "$needs" ]]; then
