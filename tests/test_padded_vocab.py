@@ -38,6 +38,17 @@ def test_sizes_further_apart_than_padding_are_refused() -> None:
         check_same_vocabulary(draft, target)
 
 
+def test_a_pair_handed_to_the_loop_or_a_drafter_directly_is_size_checked_too() -> None:
+    # no tokenizer check on this path: the drafter itself refuses sizes beyond padding
+    draft, target = mock_pair("close", vocab_size=BIG, draft_vocab_size=BIG + MAX_VOCAB_PAD + 1)
+    with pytest.raises(VocabMismatchError, match=r"more than 128 apart"):
+        generate(target, draft, [1, 2, 3], max_new_tokens=4, k=2)
+    with pytest.raises(VocabMismatchError, match=r"more than 128 apart"):
+        ModelDrafter(draft, vocab_size=target.vocab_size)
+    close, _ = mock_pair("close", vocab_size=BIG, draft_vocab_size=BIG + MAX_VOCAB_PAD)
+    assert ModelDrafter(close, vocab_size=BIG).vocab_size == BIG  # padding: accepted
+
+
 class OneIdDiffers(MockTokenizer):
     """A tokenizer whose id 271 has other text (probe texts never use it)."""
 

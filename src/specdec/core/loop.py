@@ -21,7 +21,6 @@ from specdec.core.sampling import SamplingConfig, make_generator
 from specdec.core.verifiers import Verifier, rejection_verifier
 from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError
 from specdec.models.base import CausalLM, cached_prefix_len, extend_last
-from specdec.models.vocab import check_vocab_sizes
 from specdec.util.timing import Stopwatch
 
 
@@ -34,7 +33,6 @@ def as_drafter(draft: CausalLM | Drafter | None, target: CausalLM) -> Drafter | 
     model: CausalLM = draft
     if model is target:
         raise ConfigError("draft and target must be separate model instances (own caches)")
-    check_vocab_sizes(model, target)  # equal, or padding (at most MAX_VOCAB_PAD apart)
     return ModelDrafter(model, vocab_size=target.vocab_size)
 
 

@@ -10,7 +10,7 @@ from specdec.core.drafter import Draft
 from specdec.core.sampling import SamplingConfig, logits_to_probs, sample
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM, extend_last
-from specdec.models.vocab import fit_logits
+from specdec.models.vocab import check_vocab_sizes, fit_logits
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -68,6 +68,8 @@ class ModelDrafter:
         self.name = name
         self.vocab_size = model.vocab_size if vocab_size is None else vocab_size
         self.window = check_window(window, model.n_ctx)
+        # the target's vocabulary: equal, or padding (at most MAX_VOCAB_PAD apart)
+        check_vocab_sizes(model.vocab_size, self.vocab_size)
         self._fed: list[int] = []  # tokens whose keys/values are in the draft cache
         self._offset = 0  # the view is context[_offset:] (always 0 without a window)
         self.rebases = 0  # slides of the window in the current generation

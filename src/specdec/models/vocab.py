@@ -117,11 +117,11 @@ def check_same_vocabulary(draft: CausalLM, target: CausalLM) -> None:
         )
 
 
-def check_vocab_sizes(draft: CausalLM, target: CausalLM) -> None:
+def check_vocab_sizes(draft_size: int, target_size: int) -> None:
     """The size rule alone (for pairs handed to the loop directly, without a tokenizer
     check): equal, or differing by at most MAX_VOCAB_PAD."""
-    if abs(draft.vocab_size - target.vocab_size) > MAX_VOCAB_PAD:
+    if abs(draft_size - target_size) > MAX_VOCAB_PAD:
         raise VocabMismatchError(
-            f"draft vocabulary has {draft.vocab_size} tokens, target has {target.vocab_size} "
+            f"draft vocabulary has {draft_size} tokens, target has {target_size} "
             f"(more than {MAX_VOCAB_PAD} apart: not padding of one tokenizer)"
         )
