@@ -205,3 +205,20 @@ def test_cli_threshold_defaults_are_the_packages() -> None:
 
     args = build_parser(["certify"]).parse_args(["certify"])
     assert args.alpha == ALPHA and args.tie_gap == TIE_GAP_NATS
+
+
+def test_an_exact_certificate_names_the_kv_cache_its_target_ran_with() -> None:
+    from types import SimpleNamespace
+
+    from specdec.certify.report import Certificate
+    from specdec.certify.runner import runtime_info
+
+    llama_like = SimpleNamespace(path="t.gguf", exact=True, type_k="q8_0", type_v="f16")
+    info = runtime_info(llama_like)
+    assert info is not None and info["kv_cache"] == "q8_0/f16"
+    said = Certificate(header={"target_runtime": info})._plain_means()
+    assert "Q8_0/F16 keys/values" in said and "same exact numerics" in said
+    # a mock has no KV cache types: nothing is claimed about them
+    assert "kv_cache" not in (runtime_info(SimpleNamespace(exact=True)) or {})
+    default = Certificate(header={"target_runtime": {**info, "numerics": "default"}})
+    assert "not expected" in default._plain_means()

@@ -72,8 +72,8 @@ def test_exact_settings_refuse_what_contradicts_them(monkeypatch: pytest.MonkeyP
 
     monkeypatch.delenv(TILED_ENV, raising=False)
     # repack stays as asked: the groups that break row invariance move off at load
-    assert _exact_settings(None, False, "f16", "f16") == (True, True, "f16", "q8_0")
-    assert _exact_settings(False, False, "f16", "f16") == (False, True, "f16", "q8_0")
+    assert _exact_settings(None, False, "f16", "f16") == (True, True, "q8_0", "f16")
+    assert _exact_settings(False, False, "f16", "f16") == (False, True, "q8_0", "f16")
     assert _exact_settings(True, False, "f16", "f16")[0] is True
     import os
 

@@ -103,7 +103,7 @@ def test_exact_numerics_keep_the_tiled_path_only_where_the_build_makes_it_row_in
         monkeypatch.setenv(ROW_INVARIANT_ENV, preset)
     monkeypatch.setattr(bufts, "ggml", lambda _llama_cpp: _FakeGgml(version > 0, version))
     assert row_invariant_keeps_tiled(object()) is kept
-    assert _exact_settings(None, False, "f16", "f16", kept) == (True, True, "f16", "q8_0")
+    assert _exact_settings(None, False, "f16", "f16", kept) == (True, True, "q8_0", "f16")
     assert os.environ.get(TILED_ENV) == (None if kept else "0")
     if kept:  # the tiled switch set either way is fine: both orders agree on this build
         monkeypatch.setenv(TILED_ENV, "1")

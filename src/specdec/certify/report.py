@@ -191,13 +191,15 @@ class Certificate:
 
     def _plain_means(self) -> str:
         """What "plain decoding" is compared against, by the target's numerics."""
-        numerics = (self.header.get("target_runtime") or {}).get("numerics")
-        if numerics == "exact":
+        runtime = self.header.get("target_runtime") or {}
+        if runtime.get("numerics") == "exact":
+            kv = runtime.get("kv_cache")
+            cache = f", {kv.upper()} keys/values" if kv else ""
             return (
                 "Plain decoding here is the target one token per pass in the same exact "
-                "numerics (llama.cpp with flash attention, an F16/Q8_0 KV cache, no repacked or "
-                "tiled kernels); llama.cpp's default settings compute other logits, so nothing "
-                "is shown against plain decoding in those."
+                f"numerics (llama.cpp with flash attention{cache}, only kernels whose rows do "
+                "not depend on the pass size); llama.cpp's default settings compute other "
+                "logits, so nothing is shown against plain decoding in those."
             )
         return (
             "Greedy bit-exactness with plain decoding is not expected on a backend whose "

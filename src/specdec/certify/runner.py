@@ -82,6 +82,9 @@ def runtime_info(model: object) -> dict[str, str] | None:
             info[attr] = str(value)
     if hasattr(model, "exact"):  # the llama.cpp backend: which numerics (models.exact)
         info["numerics"] = "exact" if model.exact else "default"
+    kv = getattr(model, "type_k", None), getattr(model, "type_v", None)
+    if None not in kv:  # the llama.cpp backend's KV cache types, keys / values
+        info["kv_cache"] = "/".join(str(t) for t in kv)
     return info
 
 

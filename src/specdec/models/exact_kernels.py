@@ -10,7 +10,7 @@ AVX-512 machines, so this module decides per *group* (``BUFT/TYPE``, ``models.gg
 
 1. the groups a load with the kernel check's choice would use (none: nothing to decide);
 2. a child process loads the model with all of them and exact numerics' other settings (tiled
-   K-quant path off, flash attention, F16 keys / Q8_0 values) and compares passes of
+   K-quant path off, flash attention, Q8_0 keys / F16 values) and compares passes of
    ``PROBE_ROWS`` rows with one-token passes bitwise (``models.exact.check_rows_exact``);
 3. if any row differs: one child per group, that group alone on its optional kernel; the
    groups whose rows differ (or whose child fails) are avoided.
@@ -67,7 +67,7 @@ TILED_ENV = "GGML_CPU_TILED_MM"
 # compute every row of an n-row product as the one-row product does; ggml reads it once per
 # process, at its first repacked product
 ROW_INVARIANT_ENV = "GGML_CPU_REPACK_ROW_INVARIANT"
-EXACT_KV = ("f16", "q8_0")
+EXACT_KV = ("q8_0", "f16")
 _MAX_CACHE_BYTES = 1 << 20
 PROBE_TEXT = (
     "Exact numerics: the same logits whatever the pass size.\ndef f(x):\n    return x + 1\n"
@@ -186,6 +186,7 @@ def verdict_key(
         "groups": list(groups),
         "threads": threads,
         "rows": list(PROBE_ROWS),
+        "kv": list(EXACT_KV),  # the cache types the verdict was found under
         "fault": fault,
         "row_invariant": os.environ.get(ROW_INVARIANT_ENV, ""),
         "tiled": os.environ.get(TILED_ENV, ""),

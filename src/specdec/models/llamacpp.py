@@ -33,10 +33,13 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
   products then summing in its order, and leaves it for the other types), attention
   without flash attention (batched F16 mat-muls from 2 rows; flash attention is turned on)
   and flash attention's one-token path, which splits the KV range across threads once 512+
-  cells are in use (only when K and V have the same F16/F32 type,
-  so the cache holds F16 keys and Q8_0 values: F16 values would take that split, and Q8_0
-  values measured faster here than BF16 ones, whose per-cell conversion made decode at 1,500
-  tokens 3x slower on the small test model).
+  cells are in use (only when K and V have the same F16/F32 type; a multi-token pass takes
+  a tiled path under the same condition), so the cache holds Q8_0 keys and F16 values: an
+  F16/F16 cache would take that split; with Q8_0 values (the first choice) a 512-token pass
+  on the 1.5B took 7.7 / 7.1 s against the default's 6.0 / 5.5 s (two runs), as every value
+  row is converted for every query, with Q8_0 keys 6.3 / 5.9 s (``benchmarks/README.md``);
+  BF16 values' per-cell conversion made decode at 1,500 tokens 3x slower on the small test
+  model).
   The model checks itself at load (``models.exact.self_check``) and refuses to run if any
   row differs. On a stock build it costs decode speed where the moved kernels are faster,
   and prefill speed (no tiled path); ``benchmarks/exact_cost.py`` measures both.

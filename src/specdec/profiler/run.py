@@ -24,6 +24,7 @@ from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
 from specdec.models.base import CausalLM, extend_last
+from specdec.models.exact_kernels import EXACT_KV
 from specdec.models.loader import ModelConfig, load_model
 from specdec.models.vocab import check_same_vocabulary
 from specdec.pairs import (
@@ -107,6 +108,8 @@ class ProfileSpec:
         """Everything besides the models and prompts that the numbers depend on."""
         d = asdict(self)
         del d["target"], d["drafts"], d["check_top"]
+        # the price of exact numerics measured here depends on their KV cache types
+        d["exact_kv"] = "/".join(EXACT_KV)
         return d
 
     def model_config(self, model: str, backend: str) -> ModelConfig:

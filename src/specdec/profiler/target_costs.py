@@ -48,8 +48,9 @@ def costs_key(cfg: ModelConfig) -> str:
         "format": FORMAT,
     }
     if cfg.exact:  # other kernels, other costs (absent otherwise, so older keys still hold);
-        # 2: exact numerics keep the row-invariant optional kernels (models.exact_kernels)
-        settings["exact"] = 2
+        # 2: exact numerics keep the row-invariant optional kernels (models.exact_kernels);
+        # 3: their KV cache is Q8_0 keys / F16 values (was F16 / Q8_0)
+        settings["exact"] = 3
     return cache.profile_key(target=cfg.model, drafts=(), settings=settings, prompts=[])
 
 
