@@ -223,3 +223,18 @@ def test_a_profile_cached_before_verify_passes_were_timed_does_not_make_exact_th
     price = ExactPrice.from_dict({**old, "exact_prefill_tps": 100.0, "rounds": 2})
     assert price.verify_cost is None and price.cost is None and not price.default
     assert "verify pass not measured" in price.sentence()
+
+
+def test_cached_exact_costs_are_keyed_by_the_kv_cache_types(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a cost measured under other cache types must not be reused (it is another price)
+    from specdec.models import exact_kernels
+    from specdec.models.loader import ModelConfig
+    from specdec.profiler import target_costs
+
+    cfg = ModelConfig("mock:target", backend="mock", exact=True)
+    now = target_costs.costs_key(cfg)
+    monkeypatch.setattr(target_costs, "EXACT_KV", ("f16", "q8_0"))
+    assert target_costs.costs_key(cfg) != now
+    assert exact_kernels.EXACT_KV == ("q8_0", "f16")

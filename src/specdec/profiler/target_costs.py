@@ -18,6 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from specdec.models.base import CausalLM
+from specdec.models.exact_kernels import EXACT_KV
 from specdec.models.loader import ModelConfig
 from specdec.pairs import CostProvider, is_planned
 from specdec.profiler import cache
@@ -49,8 +50,9 @@ def costs_key(cfg: ModelConfig) -> str:
     }
     if cfg.exact:  # other kernels, other costs (absent otherwise, so older keys still hold);
         # 2: exact numerics keep the row-invariant optional kernels (models.exact_kernels);
-        # 3: their KV cache is Q8_0 keys / F16 values (was F16 / Q8_0)
-        settings["exact"] = 3
+        # their KV cache types are part of the key, as in the kernel verdict's and profile's
+        settings["exact"] = 2
+        settings["exact_kv"] = "/".join(EXACT_KV)
     return cache.profile_key(target=cfg.model, drafts=(), settings=settings, prompts=[])
 
 
