@@ -8,7 +8,8 @@ alternated over ``--rounds`` rounds (A B C, C B A, ...) so that drift falls on a
   exact          LlamaCppLM(exact=True): the optional kernels that keep rows bit-identical
                  stay, the groups that do not (models.exact_kernels' verdict, cached; on x86
                  the repacked Q4_K gemm) move to the plain kernels; tiled path off, flash
-                 attention, F16 keys / Q8_0 values
+                 attention, the KV cache types of exact_kernels.EXACT_KV (Q8_0 keys / F16
+                 values; F16 keys / Q8_0 values before 2026-12-03)
   exact-none     (``--with-none``) exact numerics with every optional kernel off, as they
                  were before the per-group verdict (repack=False)
   exact-patched  (``--patched-lib DIR``) exact numerics on another llama.cpp build, loaded

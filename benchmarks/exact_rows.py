@@ -11,7 +11,7 @@ largest logit difference, and writes JSON with ``--json``.
 
   exact            LlamaCppLM(exact=True): the repacked groups whose rows differ moved off
                    (all kept on the exact build), tiled K-quant path off (kept on the exact
-                   build), flash attention, F16 keys / Q8_0 values (models/llamacpp.py)
+                   build), flash attention, Q8_0 keys / F16 values (exact_kernels.EXACT_KV)
   default          llama.cpp as llama-cpp-python loads it (repack on, no flash attention,
                    tiled path on)
   exact_f16_cache  exact without its cache types (F16 keys and values): flash attention's
