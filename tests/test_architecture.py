@@ -16,10 +16,10 @@ import specdec
 from specdec.certify.shape_matched import shape_matched_generate
 from specdec.core.detokenize import IncrementalDecoder
 from specdec.core.loop import Generation, generate, generate_stream
+from specdec.core.model import extend_last, supports_last_only
 from specdec.core.sampling import SamplingConfig, make_generator
 from specdec.core.verifiers import exact_match_verifier, rejection_verifier
 from specdec.errors import ConfigError, EmptyPromptError
-from specdec.models.base import extend_last, supports_last_only
 from specdec.models.mock import MockLM, mock_pair
 
 SRC = Path(specdec.__file__).parent
@@ -99,8 +99,21 @@ def test_models_do_not_import_drafters_and_the_core_not_the_tools() -> None:
     for low in ("models", "drafters", "hub", "core", "util"):
         assert not graph[low] & {"bench", "certify", "cli", "pairs", "api", "serve"}, low
     assert "drafters" not in graph["core"]  # the drafters sit on the core's Drafter and sampling
+    assert _core_reaching_backends(graph) == []
     assert graph["util"] <= {"errors"}  # the utilities sit below everything
     assert "serve" not in graph["api"] and "cli" not in graph["serve"]  # the server sits on top
+
+
+def _core_reaching_backends(graph: dict[str, set[str]]) -> list[str]:
+    """What the core imports of the backends: nothing, because it defines the model interface
+    (core.model) that the backends (models/) implement."""
+    return sorted(graph["core"] & {"models", "hub", "templates"})
+
+
+def test_the_core_rule_catches_the_core_importing_a_backend() -> None:
+    planted = _import_graph()
+    planted["core"] = {*planted["core"], "models"}
+    assert _core_reaching_backends(planted) == ["models"]
 
 
 # -- file-level rules ---------------------------------------------------------------------------
@@ -172,32 +185,32 @@ def test_loading_a_pair_imports_no_measurement_tool() -> None:
 def test_the_file_rules_catch_what_they_forbid() -> None:
     """The fixtures each rule must fail on: a planted cycle, a planted import."""
     graph = _file_graph()
-    graph["specdec.models.base"] = {*graph["specdec.models.base"], "specdec.models.mock"}
-    graph["specdec.models.mock"] = {*graph["specdec.models.mock"], "specdec.models.base"}
+    graph["specdec.core.model"] = {*graph["specdec.core.model"], "specdec.models.mock"}
+    graph["specdec.models.mock"] = {*graph["specdec.models.mock"], "specdec.core.model"}
     assert _find_cycle(graph) is not None
     graph["specdec.profiler.auto"] = {*graph["specdec.profiler.auto"], "specdec.bench.runner"}
     assert "specdec.bench.runner" in _reaches(graph, "specdec.api")
 
 
 def _model_work_reaching_up(graph: dict[str, set[str]]) -> list[str]:
-    """What the certificate's model work (``models.rows``: rows from a model and plain
+    """What the certificate's model work (``core.rows``: rows from a model and plain
     arguments) imports besides the model interface and the errors."""
     return sorted(
-        f"specdec.models.rows -> {t}"
-        for t in graph["specdec.models.rows"]
-        if t not in ("specdec.models.base", "specdec.errors")
+        f"specdec.core.rows -> {t}"
+        for t in graph["specdec.core.rows"]
+        if t not in ("specdec.core.model", "specdec.errors")
     )
 
 
 def test_the_certificates_model_work_sits_on_the_model_interface_alone() -> None:
-    """``models.rows`` computes the rows the certificate's levels test from a ``CausalLM`` and
-    plain arguments (pass shapes, not the core's rounds): it imports only ``models.base`` (and
+    """``core.rows`` computes the rows the certificate's levels test from a ``CausalLM`` and
+    plain arguments (pass shapes, not the core's rounds): it imports only ``core.model`` (and
     the errors), so the levels call down into it and run their statistics on what it
     returns."""
     assert _model_work_reaching_up(_file_graph()) == []
     planted = _file_graph()
-    planted["specdec.models.rows"] = {*planted["specdec.models.rows"], "specdec.core.result"}
-    assert _model_work_reaching_up(planted) == ["specdec.models.rows -> specdec.core.result"]
+    planted["specdec.core.rows"] = {*planted["specdec.core.rows"], "specdec.core.result"}
+    assert _model_work_reaching_up(planted) == ["specdec.core.rows -> specdec.core.result"]
 
 
 def test_the_endpoint_client_sits_below_both_tools_that_use_it() -> None:

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from specdec.core.loop import generate
+from specdec.core.model import CausalLM
+from specdec.core.vocab import check_same_vocabulary
 from specdec.errors import ModelLoadError
-from specdec.models.base import CausalLM
 from specdec.models.hf import load_hf
 from specdec.models.loader import ModelConfig, load_model
-from specdec.models.vocab import check_same_vocabulary
 from tiny_models import make_tiny_hf
 
 

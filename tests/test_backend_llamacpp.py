@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from specdec.core.loop import generate
+from specdec.core.model import CausalLM
+from specdec.core.vocab import check_same_vocabulary
 from specdec.errors import ModelLoadError
-from specdec.models.base import CausalLM
-from specdec.models.vocab import check_same_vocabulary
 from tiny_models import llama_cpp_or_skip, store_model_or_skip, threads
 
 pytestmark = [pytest.mark.real_model, pytest.mark.llamacpp]

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from specdec.bench.profile import profile_config
+from specdec.core.model import extend_last
 from specdec.drafters import NgramDrafter
 from specdec.errors import ConfigError
-from specdec.models.base import extend_last
 from specdec.models.mock import MockLM, MockSpec, mock_pair
 from specdec.profiler.measure import curve_from_ratios, curve_ratios
 from specdec.profiler.passes import (

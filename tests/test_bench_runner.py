@@ -16,8 +16,8 @@ from specdec.bench.plan import BenchPlan, full_plan, k_order, measurements, quic
 from specdec.bench.results import measurement_key, read_results
 from specdec.bench.runner import run_bench
 from specdec.cli import main
+from specdec.core.model import CausalLM
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
 from specdec.prompt_sets import load_prompt_file
 

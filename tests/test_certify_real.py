@@ -36,10 +36,10 @@ from specdec.certify.real import (
 )
 from specdec.core.drafter import Drafter
 from specdec.core.loop import generate
+from specdec.core.model import CausalLM
+from specdec.core.rows import replay_rows, rows_both_ways
 from specdec.core.sampling import SamplingConfig, make_generator
-from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
-from specdec.models.rows import replay_rows, rows_both_ways
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from specdec.cli import main
+from specdec.core.vocab import check_same_vocabulary
 from specdec.errors import VocabMismatchError
 from specdec.models.mock import MockLM, MockSpec, MockTokenizer
-from specdec.models.vocab import check_same_vocabulary
 
 MOCK = [
     "--draft",

@@ -15,10 +15,10 @@ from specdec.core.loop import generate
 from specdec.core.model_drafter import ModelDrafter
 from specdec.core.rejection import exact_round_distribution
 from specdec.core.sampling import SamplingConfig, logits_to_probs, make_generator
+from specdec.core.vocab import MAX_VOCAB_PAD, check_same_vocabulary, fit_logits
 from specdec.errors import VocabMismatchError
 from specdec.models.loader import ModelConfig
 from specdec.models.mock import MockLM, MockSpec, MockTokenizer, mock_pair
-from specdec.models.vocab import MAX_VOCAB_PAD, check_same_vocabulary, fit_logits
 from specdec.pairs import load_pair
 from test_decoding import sequence_pvalue
 

@@ -135,7 +135,7 @@ def test_a_probe_that_measured_inf_excuses_no_flip() -> None:
     be finite, and a probe without a finite difference allows no near-tie."""
     from specdec.certify.invariance import InvarianceResult, InvarianceRow
     from specdec.certify.real import classify_divergence
-    from specdec.models.rows import rows_both_ways
+    from specdec.core.rows import rows_both_ways
 
     target, ids, spec, plain, i = _wrong_rows_divergence()
     rows = rows_both_ways(target, ids, spec.tokens, spec.rounds, i)  # type: ignore[arg-type, attr-defined]
@@ -150,7 +150,7 @@ def test_a_probe_that_measured_inf_excuses_no_flip() -> None:
 
 class _NanSingleRows:
     """The target with every one-token pass returning NaN logits (a broken kernel): plain
-    decoding's rows, as ``models.rows.plain_rows`` recomputes them, are NaN."""
+    decoding's rows, as ``core.rows.plain_rows`` recomputes them, are NaN."""
 
     def __init__(self, model: object) -> None:
         from specdec.models.wrapped import WrappedLM
@@ -171,7 +171,7 @@ def test_a_nan_row_at_the_divergence_is_a_bug_not_a_tie() -> None:
     """max(gap_batched, gap_single) dropped a NaN that came second: a NaN one-token row at
     the divergence, with a finite batched gap under the threshold, was a "near-tie"."""
     from specdec.certify.real import classify_divergence, top2_gap
-    from specdec.models.rows import rows_both_ways
+    from specdec.core.rows import rows_both_ways
 
     target, ids, spec, plain, i = _wrong_rows_divergence(not_token=0)
     broken = _NanSingleRows(target)

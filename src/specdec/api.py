@@ -21,13 +21,13 @@ from specdec.configuration import MACHINE_DEFAULT, Configuration, measured_costs
 from specdec.core.detokenize import IncrementalDecoder
 from specdec.core.drafter import Drafter
 from specdec.core.loop import Generation, as_drafter, generate_stream
+from specdec.core.model import CausalLM
 from specdec.core.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.core.result import GenerationResult, Round
 from specdec.core.stops import StopMatcher
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM
 from specdec.pairs import (
     DEFAULT_DRAFT_BACKEND,
     DEFAULT_K,

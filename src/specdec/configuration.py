@@ -29,7 +29,7 @@ from specdec.pairs import (
 )
 
 if TYPE_CHECKING:
-    from specdec.models.base import CausalLM
+    from specdec.core.model import CausalLM
     from specdec.profiler.auto import AutoChoice
     from specdec.theory import Costs
 

@@ -27,15 +27,15 @@ from dataclasses import dataclass
 
 from specdec.core.drafter import Drafter
 from specdec.core.loop import context_limit
+from specdec.core.model import CausalLM
 from specdec.core.model_drafter import ModelDrafter, check_window
+from specdec.core.vocab import check_same_vocabulary
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter, planned_suffix
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
-from specdec.models.vocab import check_same_vocabulary
 from specdec.theory import Costs
 
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_k_m"

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from specdec.core.model import CausalLM
 from specdec.errors import ConfigError, EmptyPromptError
-from specdec.models.base import CausalLM
 from specdec.util.textfiles import parse_json, read_text
 
 ROLES = ("system", "user", "assistant", "tool")

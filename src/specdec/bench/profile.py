@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specdec.core.drafter import Drafter
-from specdec.models.base import CausalLM
+from specdec.core.model import CausalLM
 from specdec.profiler.passes import (
     Clock,
     drafter_latency,

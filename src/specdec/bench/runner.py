@@ -33,6 +33,7 @@ from specdec.bench.profile import profile_config
 from specdec.bench.results import SCHEMA_VERSION, Results, ResultsWriter, open_for_append
 from specdec.core.drafter import Drafter
 from specdec.core.loop import as_drafter, generate
+from specdec.core.model import CausalLM
 from specdec.core.model_drafter import ModelDrafter
 from specdec.core.result import GenerationResult
 from specdec.drafters import NgramDrafter
@@ -40,7 +41,6 @@ from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError, SpecdecError
-from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig, load_model
 from specdec.pairs import (
     DraftRef,

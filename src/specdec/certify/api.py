@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from specdec.core.drafter import Drafter
-from specdec.models.base import CausalLM
+from specdec.core.model import CausalLM
 
 from .plan import make_plan
 from .report import Certificate

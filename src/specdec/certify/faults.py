@@ -37,15 +37,15 @@ import torch
 
 from specdec.core import rejection
 from specdec.core.drafter import Draft, Drafter
-from specdec.core.model_drafter import ModelDrafter
-from specdec.core.sampling import SamplingConfig
-from specdec.errors import ConfigError
-from specdec.models.base import (
+from specdec.core.model import (
     CausalLM,
     check_extend_args,
     check_truncate_args,
     extend_last,
 )
+from specdec.core.model_drafter import ModelDrafter
+from specdec.core.sampling import SamplingConfig
+from specdec.errors import ConfigError
 from specdec.models.wrapped import WrappedLM
 
 

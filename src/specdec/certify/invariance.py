@@ -3,7 +3,7 @@ scored in one pass?
 
 For each prompt the model is prefilled once; a continuation c_1..c_N (the model's own greedy
 tokens, i.e. realistic positions) is then scored one token per pass, and, after truncate()
-back to the same cached prefix, n tokens in ONE pass for each n (``models.rows.probe_rows``:
+back to the same cached prefix, n tokens in ONE pass for each n (``core.rows.probe_rows``:
 the model work; the numbers are made here from the rows it returns). Row i of the batched pass and
 the i-th one-at-a-time row have the same context, so any difference is the backend's batch
 (shape) dependence. Also measured: whether truncate() itself is exact (rescoring c_1 alone
@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdec.core.model import CausalLM
+from specdec.core.rows import probe_rows
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM
-from specdec.models.rows import probe_rows
 
 from .common import worst
 from .stats.thresholds import TIE_FACTOR

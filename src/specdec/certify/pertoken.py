@@ -7,12 +7,12 @@ target's next-token row for every emitted position is obtained two ways:
     them; ``recorded_rows`` checks that each pass is exactly the one the output implies —
     cache length, [last, accepted drafts], K + 1 positions — so these are the rows of the
     shape-matched replay without a second pass). On the sequences also scored against plain
-    decoding the full replay (``models.rows.replay_rows``: prefill, then each round's pass
+    decoding the full replay (``core.rows.replay_rows``: prefill, then each round's pass
     over [last, accepted drafts, filler] with the run's rollbacks) is computed too and must
     reproduce the recorded rows bit for bit. Under a correct walk x_t is distributed as its
     row given everything before it (module ``stats.pit``), so the PIT values must be uniform
     whatever the backend's batch-shape numerics.
-(b) plain one-token-per-pass scoring (``models.rows.plain_rows``): the rows plain decoding
+(b) plain one-token-per-pass scoring (``core.rows.plain_rows``): the rows plain decoding
     samples from. The PIT test against them shows whether the user sees plain decoding's
     distribution; the EFFECT of the difference is measured directly as the per-token TV
     between the (a) and (b) rows (mean over positions of a sequence; the sequences are the
@@ -34,10 +34,10 @@ import torch
 
 from specdec.core.drafter import Drafter
 from specdec.core.loop import generate
+from specdec.core.model import CausalLM
 from specdec.core.result import Round
+from specdec.core.rows import draft_rows, plain_rows, replay_rows
 from specdec.core.sampling import SamplingConfig, logits_to_probs
-from specdec.models.base import CausalLM
-from specdec.models.rows import draft_rows, plain_rows, replay_rows
 from specdec.models.wrapped import WrappedLM
 
 from .stats.pit import draw_v, pit_in_chunks

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.models.base import (
+from specdec.core.model import (
     CausalLM,
     check_extend_args,
     check_truncate_args,

@@ -41,10 +41,10 @@ import torch
 
 from specdec.core.drafter import Drafter
 from specdec.core.loop import as_drafter, generate
+from specdec.core.model import CausalLM
+from specdec.core.rows import rows_both_ways
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.prediction import PredictionDrafter
-from specdec.models.base import CausalLM
-from specdec.models.rows import rows_both_ways
 
 from .common import FAIL, PASS, WARN, first_difference, fmt, worst
 from .invariance import InvarianceResult, batch_invariance
@@ -135,7 +135,7 @@ def classify_divergence(
     plain output (module docstring), from the target's row [V] at that position (the last
     one both outputs have, where one is a prefix of the other) computed both ways: ``batched``
     in the speculative run's shapes, ``single`` one token per pass
-    (``models.rows.rows_both_ways``). ``tie_threshold`` must come from an independent
+    (``core.rows.rows_both_ways``). ``tie_threshold`` must come from an independent
     measurement (the probe)."""
     diff = float((batched - single).abs().max())
     gb, gs = top2_gap(batched), top2_gap(single)

@@ -10,8 +10,8 @@ from typing import Any
 
 from specdec import __version__
 from specdec.core.drafter import Drafter
+from specdec.core.model import CausalLM
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM
 from specdec.models.loader import ModelConfig
 from specdec.prompting import encode_prompt
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from specdec.core.drafter import Drafter
 from specdec.core.loop import generate_stream
+from specdec.core.model import CausalLM
 from specdec.core.sampling import SamplingConfig
 from specdec.core.verifiers import exact_match_verifier
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM
 
 from .seeds import derive_seed
 

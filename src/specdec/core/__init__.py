@@ -10,4 +10,8 @@ policy.py         K per round: FixedK, AdaptiveK, ProfileK
 drafter.py        the Drafter interface and its Draft; model_drafter.py: a draft model
 stops.py          stop strings exact across tokens and rounds
 detokenize.py     incremental detokenizer (text pieces, never a split character)
+model.py          the interface the algorithm needs from a model (CausalLM, Tokenizer); the
+                  backends in specdec.models implement it, so they sit above the core
+vocab.py          do a draft and a target speak the same ids (and padding between them)
+rows.py           a model's logit rows in given pass shapes (what the certificate compares)
 """

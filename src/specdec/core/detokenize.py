@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from specdec.models.base import Tokenizer
+from specdec.core.model import Tokenizer
 
 StepDecoder = Callable[[int], "str | None"]
 """One token id in, the text it completes out (None while a character is incomplete)."""

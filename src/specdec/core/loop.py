@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec
 
 from specdec.core.drafter import Drafter
+from specdec.core.model import CausalLM, cached_prefix_len, extend_last
 from specdec.core.model_drafter import ModelDrafter
 from specdec.core.policy import FixedK, KPolicy
 from specdec.core.result import GenerationResult, Round
@@ -20,7 +21,6 @@ from specdec.core.round import speculative_round
 from specdec.core.sampling import SamplingConfig, make_generator
 from specdec.core.verifiers import Verifier, rejection_verifier
 from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError
-from specdec.models.base import CausalLM, cached_prefix_len, extend_last
 from specdec.util.timing import Stopwatch
 
 

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import torch
 
 from specdec.core.drafter import Draft
+from specdec.core.model import CausalLM, extend_last
 from specdec.core.sampling import SamplingConfig, logits_to_probs, sample
+from specdec.core.vocab import check_vocab_sizes, fit_logits
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM, extend_last
-from specdec.models.vocab import check_vocab_sizes, fit_logits
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -44,7 +44,7 @@ class ModelDrafter:
     token and the target's correction in one batched call).
 
     ``vocab_size`` is the target's vocabulary size when it differs from the draft's by
-    padding (``models.vocab``): rows are fitted to it (the q rows then have the target's
+    padding (``core.vocab``): rows are fitted to it (the q rows then have the target's
     width), and a context holding an id the draft model lacks gets no drafts.
 
     ``window`` (None: the whole context) lets the draft model see only the last ``window``

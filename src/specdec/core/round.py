@@ -22,11 +22,11 @@ import time
 import torch
 
 from specdec.core.drafter import Draft, Drafter
+from specdec.core.model import CausalLM
 from specdec.core.policy import KPolicy
 from specdec.core.result import Round
 from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.core.verifiers import Verifier, greedy_verify, keeps_argmax_when_greedy
-from specdec.models.base import CausalLM
 from specdec.util.timing import Stopwatch, delta
 
 

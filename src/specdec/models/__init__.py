@@ -1,1 +1,1 @@
-"""Causal LM backends behind one protocol (``specdec.models.base.CausalLM``)."""
+"""Causal LM backends behind one protocol (``specdec.core.model.CausalLM``)."""

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.core.model import CausalLM, extend_last
 from specdec.errors import SpecdecError
-from specdec.models.base import CausalLM, extend_last
 
 # Enough rows to reach every batched kernel that ggml's CPU backend switches to by row count
 # (llamafile sgemm from 2 rows, the repack gemm from 4, the tiled K-quant path from 8), and

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
+from specdec.core.model import check_extend_args, check_truncate_args
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.hub.paths import default_cache_dir
 from specdec.hub.safe_paths import fresh_dir, real_dir, refuse_link, remove_tree
-from specdec.models.base import check_extend_args, check_truncate_args
 
 
 def pick_device(device: str) -> torch.device:

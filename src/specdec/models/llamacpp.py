@@ -61,8 +61,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from specdec.core.model import check_extend_args, check_truncate_args
 from specdec.errors import ConfigError, ModelLoadError
-from specdec.models.base import check_extend_args, check_truncate_args
 from specdec.models.exact_kernels import (
     EXACT_KV,
     TILED_ENV,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.core.model import CausalLM
 from specdec.errors import ConfigError, ModelLoadError
-from specdec.models.base import CausalLM
 from specdec.util.bounds import check_n_ctx, check_threads
 
 BACKENDS = ("auto", "hf", "llamacpp", "mock")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specdec.models.base import check_extend_args, check_truncate_args
+from specdec.core.model import check_extend_args, check_truncate_args
 
 
 class MockTokenizer:

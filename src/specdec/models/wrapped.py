@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.models.base import CausalLM, Tokenizer, extend_last
+from specdec.core.model import CausalLM, Tokenizer, extend_last
 
 
 class WrappedLM:

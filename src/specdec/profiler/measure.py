@@ -13,11 +13,11 @@ import torch
 
 from specdec.core.drafter import Drafter
 from specdec.core.loop import generate
+from specdec.core.model import CausalLM, cached_prefix_len, extend_last
 from specdec.core.rejection import accept_reject
 from specdec.core.sampling import GREEDY, logits_to_probs, make_generator
+from specdec.core.vocab import fit_logits
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM, cached_prefix_len, extend_last
-from specdec.models.vocab import fit_logits
 from specdec.profiler.passes import (
     drafter_latency,
     interpolated,
@@ -310,7 +310,7 @@ def model_draft_probe(
     position, how many consecutive draft argmaxes agree with the target's tokens.
 
     ``vocab_size`` is the target's when the pair's vocabularies differ by padding: the draft
-    rows are fitted to it as in decoding (``models.vocab.fit_logits``), and positions after
+    rows are fitted to it as in decoding (``core.vocab.fit_logits``), and positions after
     an id the draft model lacks count as misses (decoding drafts nothing there)."""
     prompt = [int(t) for t in prompt_ids]
     cont = [int(t) for t in continuation]

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from specdec.core.drafter import Drafter
+from specdec.core.model import CausalLM
 from specdec.core.sampling import GREEDY, make_generator
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM
 
 Clock = Callable[[], float]
 

@@ -20,13 +20,13 @@ from typing import Any
 
 from specdec.core.drafter import Drafter
 from specdec.core.loop import generate
+from specdec.core.model import CausalLM, extend_last
+from specdec.core.vocab import check_same_vocabulary
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
-from specdec.models.base import CausalLM, extend_last
 from specdec.models.exact_kernels import EXACT_KV
 from specdec.models.loader import ModelConfig, load_model
-from specdec.models.vocab import check_same_vocabulary
 from specdec.pairs import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from specdec.models.base import CausalLM
+from specdec.core.model import CausalLM
 from specdec.models.exact_kernels import EXACT_KV
 from specdec.models.loader import ModelConfig
 from specdec.pairs import CostProvider, is_planned

@@ -30,9 +30,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from specdec.api import Completion, Pair
+from specdec.core.model import CausalLM
 from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
-from specdec.models.base import CausalLM
 from specdec.request import GenerationRequest
 from specdec.serve.engine import Engine, Failed, Finished, Job, QueueFull, ShuttingDown
 from specdec.serve.errors import APIError, error_response, validation_error

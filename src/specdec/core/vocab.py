@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specdec.core.model import CausalLM, Tokenizer
 from specdec.errors import VocabMismatchError
-from specdec.models.base import CausalLM, Tokenizer
 
 # The largest difference of vocabulary sizes accepted as padding (llama.cpp's
 # SPEC_VOCAB_MAX_SIZE_DIFFERENCE).

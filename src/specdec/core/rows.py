@@ -27,7 +27,7 @@ import torch
 
 from specdec.errors import ConfigError
 
-from .base import CausalLM, extend_last
+from .model import CausalLM, extend_last
 
 
 class PassShape(Protocol):
