@@ -132,6 +132,22 @@ def test_prompt_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert doc["prompts"].startswith("1 from")
 
 
+def test_a_bad_prompt_file_fails_before_the_first_level(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The prompts are read before level 1 runs (and before any model loads), so a missing
+    or empty file costs nothing: one error line, exit 2, no level started."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    for bad, message in ((tmp_path / "missing.jsonl", "missing.jsonl"), (empty, "no prompts")):
+        argv = ["certify", "--levels", "1,3", "--quick", "--seeds", "4", *MOCKS]
+        rc = main([*argv, "--prompts", str(bad), "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert rc == 2 and message in err, err
+        assert "level 1" not in err and "loading models" not in err, err
+        assert err.strip().splitlines()[-1].startswith("specdec: error:")
+
+
 def test_ngram_drafter_and_probe_level(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Level 3 also runs with the n-gram drafter (one-hot q); --levels probe runs only the
     batch-invariance probe (exactly 0 on mocks)."""

@@ -21,7 +21,7 @@ from .invariance import batch_invariance
 from .mock_level import run_level2
 from .plan import Plan
 from .progress import ProgressLog
-from .prompts import load_prompt_predictions, load_prompt_texts
+from .prompts import load_prompts
 from .real import run_level3
 from .report import Certificate, write_certificate
 from .synthetic import run_level1
@@ -88,25 +88,37 @@ def runtime_info(model: object) -> dict[str, str] | None:
     return info
 
 
-def _encode_all(
-    target: CausalLM, texts: Sequence[str | Sequence[int]], chat: str
-) -> list[list[int]]:
-    """Token ids for each prompt: texts are encoded (with the chat template per ``chat``),
-    token-id lists are taken as they are."""
+def prompt_ids(
+    target: CausalLM,
+    texts: Sequence[str | Sequence[int]],
+    found: Sequence[str | None] | None,
+    chat: str,
+) -> tuple[list[list[int]], list[list[int] | None] | None]:
+    """(the prompts' token ids, the predictions' ids): texts encoded with the target's chat
+    template per ``chat``, token-id lists taken as they are, the predictions ``found`` (None
+    when no prompt carries one) as plain text."""
     has_template = getattr(target.tokenizer, "apply_chat", None) is not None
     if chat == "on" and not has_template:
         raise ConfigError("--chat on: the target has no chat template")
     use_chat = chat == "on" or (chat == "auto" and has_template)
-    out = []
+    ids = []
     for t in texts:
         if isinstance(t, str):
-            out.append(encode_prompt(target, t, chat=use_chat))
+            ids.append(encode_prompt(target, t, chat=use_chat))
         else:
-            ids = [int(x) for x in t]
-            if not ids:
+            one = [int(x) for x in t]
+            if not one:
                 raise ConfigError("a prompt given as token ids is empty")
-            out.append(ids)
-    return out
+            ids.append(one)
+    predictions = (
+        None
+        if found is None
+        else [
+            None if x is None else target.tokenizer.encode(x, add_special_tokens=False)
+            for x in found
+        ]
+    )
+    return ids, predictions
 
 
 def run_certificate(
@@ -124,6 +136,13 @@ def run_certificate(
     messages (the CLI prints them to stderr).
     """
     say = progress or (lambda _msg: None)
+    needs_models = "3" in cfg.levels or "probe" in cfg.levels
+    # read before the first level runs, so that a bad prompt file fails at once
+    loaded = (
+        load_prompts(cfg.prompts_source, cfg.plan.prompts)
+        if needs_models and prompts is None
+        else None
+    )
     header = cfg.header()
     log = ProgressLog(
         cfg.out_dir / PROGRESS_FILE if cfg.out_dir else None, header, resume=cfg.resume
@@ -153,7 +172,7 @@ def run_certificate(
             with torch_threads(1):
                 cert.level2 = run_level2(cfg.plan.level2, log=log)
             say(f"level 2: {cert.level2.status} ({cert.level2.seconds:.0f} s)")
-        if "3" in cfg.levels or "probe" in cfg.levels:
+        if needs_models:
             if loader is None:
                 raise ConfigError("level 3 and the probe need models (--draft and --target)")
             say(f"loading models: draft {cfg.draft}, target {cfg.target} ...")
@@ -164,24 +183,15 @@ def run_certificate(
             target = loaded_target
             if cfg.fault is not None and loaded_draft is not None:
                 draft, target = fault_models(cfg.fault, loaded_draft, loaded_target)
-            n = cfg.plan.prompts
+            texts: Sequence[str | Sequence[int]]
             if prompts is not None:
-                texts: Sequence[str | Sequence[int]] = list(prompts)
-                where = "the caller"
+                texts, found, where = list(prompts), None, "the caller"
             else:
-                texts, where = load_prompt_texts(cfg.prompts_source, n)
-            ids = _encode_all(target, texts, cfg.chat)
+                assert loaded is not None
+                texts, found, where = loaded.texts, loaded.predictions, loaded.where
+            ids, predictions = prompt_ids(target, texts, found, cfg.chat)
             cert.header["prompts"] = (
                 f"{len(ids)} from {where} ({min(map(len, ids))}-{max(map(len, ids))} tokens)"
-            )
-            found = None if prompts is not None else load_prompt_predictions(cfg.prompts_source, n)
-            predictions = (
-                None
-                if found is None
-                else [
-                    None if x is None else target.tokenizer.encode(x, add_special_tokens=False)
-                    for x in found
-                ]
             )
             if predictions is not None:
                 cert.header["predictions"] = (
