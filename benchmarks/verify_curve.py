@@ -23,7 +23,13 @@ ascending and descending n; the table shows medians. Prints a table and writes J
 raw samples, the machine's load average before and after, and whether llama.cpp's load log
 mentioned a CPU_REPACK buffer. Timings are only meaningful on a quiet machine.
 
-    PYTHONPATH=src python benchmarks/verify_curve.py MODEL [--repeats 5] [--json out.json]
+With ``--rounds R`` the settings run in turn R times (the order reversed every other round)
+and each setting's pass time is also shown over the first setting's in the same round, median
+and range over rounds: settings run one after the other drift apart on a shared machine by
+more than the few per cent a kernel change costs, while neighbours in one round do not.
+
+    PYTHONPATH=src python benchmarks/verify_curve.py MODEL [--repeats 5] [--rounds R] \\
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -173,6 +179,62 @@ def run_setting(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One setting over its rounds: medians of all samples pooled, and each round's medians
+    (``round_median_ms``) for the per-round ratios of ``vs_first``."""
+    out = dict(runs[0])
+    ns = sorted(int(n) for n in runs[0]["samples_s"])
+    samples = {str(n): [x for r in runs for x in r["samples_s"][str(n)]] for n in ns}
+    med = {n: statistics.median(samples[str(n)]) for n in ns}
+    out.update(
+        {
+            "samples_s": samples,
+            "median_ms": {str(n): 1e3 * med[n] for n in ns},
+            "ratio": {str(n): med[n] / med[ns[0]] for n in ns},
+            "round_median_ms": [r["median_ms"] for r in runs],
+            "wall_s": sum(r["wall_s"] for r in runs),
+        }
+    )
+    return out
+
+
+def vs_first(results: dict[str, dict[str, Any]], first: str, ns: list[int]) -> dict[str, Any]:
+    """Per setting and n: the pass time over the first setting's in the same round (the two
+    ran next to each other), as median and range over rounds."""
+    base = results[first]["round_median_ms"]
+    out: dict[str, Any] = {}
+    for name, r in results.items():
+        if name == first:
+            continue
+        rows = {}
+        for n in ns:
+            ratios = [
+                a[str(n)] / b[str(n)] for a, b in zip(r["round_median_ms"], base, strict=True)
+            ]
+            rows[str(n)] = {
+                "median": statistics.median(ratios),
+                "min": min(ratios),
+                "max": max(ratios),
+                "per_round": ratios,
+            }
+        out[name] = rows
+    return out
+
+
+def format_vs(results: dict[str, dict[str, Any]], first: str, ns: list[int]) -> str:
+    table = vs_first(results, first, ns)
+    head = f"| pass time / {first}'s, same round | " + " | ".join(f"n={n}" for n in ns) + " |"
+    lines = [head, "|---|" + "---|" * len(ns)]
+    for name, rows in table.items():
+        cells = " | ".join(
+            f"{rows[str(n)]['median']:.3f} [{rows[str(n)]['min']:.2f}, {rows[str(n)]['max']:.2f}]"
+            for n in ns
+        )
+        lines.append(f"| {name} | {cells} |")
+    lines.append("(median [range] over rounds of the ratio of round medians)")
+    return "\n".join(lines)
+
+
 def format_table(results: dict[str, dict[str, Any]], ns: list[int]) -> str:
     head = "| setting | verify(1) ms | " + " | ".join(f"n={n}" for n in ns) + " | repack buf |"
     sep = "|---|---|" + "---|" * len(ns) + "---|"
@@ -206,6 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--settings", default=",".join(SETTINGS), help=f"subset of {', '.join(SETTINGS)}"
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the settings in turn this many times (order reversed every other round); "
+        "with more than one, each setting's pass time is also given over the first setting's "
+        "in the same round",
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -218,13 +288,19 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in names if s not in SETTINGS]
     if unknown:
         ap.error(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     load_before = os.getloadavg()
-    results: dict[str, dict[str, Any]] = {}
-    for name in names:
-        print(f"[{name}] running ...", file=sys.stderr, flush=True)
-        results[name] = run_setting(name, args)
+    per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for r in range(args.rounds):  # settings in turn, the order reversed every other round
+        for name in names if r % 2 == 0 else list(reversed(names)):
+            print(f"[round {r + 1}/{args.rounds}: {name}] running ...", file=sys.stderr, flush=True)
+            per_round[name].append(run_setting(name, args))
     load_after = os.getloadavg()
+    results = {name: pooled(runs) for name, runs in per_round.items()}
     print(format_table(results, args.ns))
+    if args.rounds > 1:
+        print(format_vs(results, names[0], args.ns))
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
     if args.json:
         from specdec.hub import resolve, sha256_file
@@ -236,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             "context_tokens": args.context,
             "threads": args.threads,
             "repeats": args.repeats,
+            "rounds": args.rounds,
             "ns": args.ns,
             "machine": {
                 "platform": platform.platform(),
@@ -245,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                 "loadavg_after": load_after,
             },
             "settings": results,
+            "vs_first": vs_first(results, names[0], args.ns) if args.rounds > 1 else None,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
