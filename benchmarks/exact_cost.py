@@ -155,9 +155,13 @@ def worker(setting: str, threads: int, repeats: int, n_new: int) -> dict[str, An
     path = resolve(TARGET, fetch=False)
     repack = False if setting == "exact-none" else None
     lm = LlamaCppLM(path, n_ctx=4096, n_threads=threads, exact=exact, repack=repack)
+    from specdec.models.lib_identity import loaded
+
+    ident = loaded()
     out_kernels = {
         "choice": lm.kernel_choice.text(),
         "lib_path": os.environ.get("LLAMA_CPP_LIB_PATH"),
+        "lib": ident.to_json() if ident is not None else None,
         "row_invariant": lm.row_invariant,
     }
     text = "\n".join(prompts() * 4)
@@ -218,6 +222,17 @@ def run_worker(setting: str, args: argparse.Namespace) -> dict[str, Any]:
         sys.exit(f"{setting} failed:\n" + "\n".join(proc.stderr.strip().splitlines()[-10:]))
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+def check_builds_differ(one_round: dict[str, dict[str, Any]]) -> None:
+    """Stop a run whose patched build is the installed one's file (it would compare the
+    installed build with itself)."""
+    from specdec.models.lib_identity import recorded_problems
+
+    kernels = {name: r.get("kernels", {}) for name, r in one_round.items()}
+    problems = recorded_problems({n: (k.get("lib"), k.get("lib_path")) for n, k in kernels.items()})
+    if problems:
+        raise SystemExit("; ".join(problems))
 
 
 def gmean(xs: list[float]) -> float:
@@ -286,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         print(report(json.loads(args.from_json.read_text())["rounds"]))
         return 0
+    if args.patched_lib is not None:
+        from specdec.models.lib_identity import lib_dir_problem
+
+        if (problem := lib_dir_problem(args.patched_lib)) is not None:
+            raise SystemExit(problem)
     load = os.getloadavg()
     names = list(settings(args))
     rounds: list[dict[str, Any]] = []
@@ -300,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(len(rounds), args.rounds):
         order = names if i % 2 == 0 else list(reversed(names))
         rounds.append({s: run_worker(s, args) for s in order})
+        check_builds_differ(rounds[-1])
         print(
             f"round {i + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr
         )

@@ -28,8 +28,14 @@ and each setting's pass time is also shown over the first setting's in the same 
 and range over rounds: settings run one after the other drift apart on a shared machine by
 more than the few per cent a kernel change costs, while neighbours in one round do not.
 
+Builds are compared in one run with ``--lib LABEL=DIR`` (another build's lib directory,
+loaded through LLAMA_CPP_LIB_PATH) and settings named ``SETTING@LABEL``. Each worker records
+the ``libggml-cpu`` it really mapped (path, SHA-256, the exact build's row-invariant version;
+``specdec.models.lib_identity``), and a run whose differently named builds mapped one file, or
+whose lib directory holds different files under ``libggml-cpu.so`` and ``.so.0``, stops.
+
     PYTHONPATH=src python benchmarks/verify_curve.py MODEL [--repeats 5] [--rounds R] \\
-        [--json out.json]
+        [--lib v3=DIR --settings default,exact,exact@v3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -102,6 +108,7 @@ def time_passes(lm: Any, context: list[int], ns: list[int], repeats: int) -> dic
 def worker(args: argparse.Namespace) -> None:
     """Runs in the subprocess: load, time, print one JSON line on stdout."""
     from specdec.hub import resolve
+    from specdec.models.lib_identity import loaded
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.profiler.passes import profile_context
 
@@ -130,15 +137,36 @@ def worker(args: argparse.Namespace) -> None:
                 "repack": lm.repack,
                 "pad_to": lm.pad_to,
                 "pad_min": lm.pad_min,
+                "lib": (ident.to_json() if (ident := loaded()) is not None else None),
             }
         ),
         flush=True,
     )
 
 
+def split_setting(name: str) -> tuple[str, str | None]:
+    """``SETTING@LABEL`` -> (SETTING, LABEL); a plain name runs on the installed build."""
+    base, _, label = name.partition("@")
+    return base, (label or None)
+
+
+def parse_lib(text: str) -> tuple[str, Path]:
+    label, sep, path = text.partition("=")
+    if not sep or not label or not path:
+        raise argparse.ArgumentTypeError(f"--lib wants LABEL=DIR, got {text!r}")
+    return label, Path(path)
+
+
 def run_setting(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    extra_env, _ = SETTINGS[name]
-    env = {**os.environ, **extra_env}
+    base, label = split_setting(name)
+    extra_env, _ = SETTINGS[base]
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
+    env.update(extra_env)
+    libs = dict(args.lib or [])
+    if label is not None:
+        env["LLAMA_CPP_LIB_PATH"] = str(libs[label])
+    elif "LLAMA_CPP_LIB_PATH" in os.environ:
+        env["LLAMA_CPP_LIB_PATH"] = os.environ["LLAMA_CPP_LIB_PATH"]
     src = str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [
@@ -146,7 +174,7 @@ def run_setting(name: str, args: argparse.Namespace) -> dict[str, Any]:
         str(Path(__file__).resolve()),
         args.model,
         "--worker",
-        name,
+        base,
         "--ns",
         ",".join(map(str, args.ns)),
         "--repeats",
@@ -170,6 +198,7 @@ def run_setting(name: str, args: argparse.Namespace) -> dict[str, Any]:
     result.update(
         {
             "env": extra_env,
+            "lib_dir": env.get("LLAMA_CPP_LIB_PATH"),
             "median_ms": {str(n): 1e3 * t for n, t in sorted(med.items())},
             "ratio": {str(n): t / one for n, t in sorted(med.items())},
             "repack_buffer_in_log": "CPU_REPACK" in proc.stderr,
@@ -177,6 +206,16 @@ def run_setting(name: str, args: argparse.Namespace) -> dict[str, Any]:
         }
     )
     return result
+
+
+def check_builds_differ(per_round: dict[str, list[dict[str, Any]]]) -> None:
+    """Stop a run whose settings name different builds but ran one library file."""
+    from specdec.models.lib_identity import recorded_problems
+
+    first = {name: runs[0] for name, runs in per_round.items() if runs}
+    problems = recorded_problems({n: (r.get("lib"), r.get("lib_dir")) for n, r in first.items()})
+    if problems:
+        raise SystemExit("; ".join(problems))
 
 
 def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -276,6 +315,14 @@ def main(argv: list[str] | None = None) -> int:
         "with more than one, each setting's pass time is also given over the first setting's "
         "in the same round",
     )
+    ap.add_argument(
+        "--lib",
+        type=parse_lib,
+        action="append",
+        metavar="LABEL=DIR",
+        help="another llama.cpp build's lib directory (LLAMA_CPP_LIB_PATH); settings named "
+        "SETTING@LABEL run on it, so builds are compared in one run",
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -285,9 +332,18 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
     names = [s.strip() for s in args.settings.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SETTINGS]
+    unknown = [s for s in names if split_setting(s)[0] not in SETTINGS]
     if unknown:
         ap.error(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
+    libs = dict(args.lib or [])
+    unlabelled = sorted({lab for s in names if (lab := split_setting(s)[1]) and lab not in libs})
+    if unlabelled:
+        ap.error(f"settings name builds no --lib gives: {unlabelled}")
+    from specdec.models.lib_identity import lib_dir_problem
+
+    for libdir in libs.values():
+        if (problem := lib_dir_problem(libdir)) is not None:
+            ap.error(problem)
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
     load_before = os.getloadavg()
@@ -296,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in names if r % 2 == 0 else list(reversed(names)):
             print(f"[round {r + 1}/{args.rounds}: {name}] running ...", file=sys.stderr, flush=True)
             per_round[name].append(run_setting(name, args))
+        if r == 0:
+            check_builds_differ(per_round)
     load_after = os.getloadavg()
     results = {name: pooled(runs) for name, runs in per_round.items()}
     print(format_table(results, args.ns))
@@ -321,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                 "loadavg_before": load_before,
                 "loadavg_after": load_after,
             },
+            "lib_dirs": {label: str(d) for label, d in libs.items()},
             "settings": results,
             "vs_first": vs_first(results, names[0], args.ns) if args.rounds > 1 else None,
         }
