@@ -202,11 +202,16 @@ def main(argv: list[str] | None = None) -> int:
         path = resolve(args.model, fetch=False)
         import llama_cpp
 
+        from specdec.models.lib_identity import loaded
+
+        system_info = llama_cpp.llama_print_system_info().decode()
+        ident = loaded()  # the libggml-cpu the workers ran (the same LLAMA_CPP_LIB_PATH)
         report = {
             "model": str(path),
             "model_sha256": sha256_file(path),
             "llama_cpp_python": llama_cpp.__version__,
-            "system_info": llama_cpp.llama_print_system_info().decode(),
+            "system_info": system_info,
+            "lib": ident.to_json() if ident is not None else None,
             "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
             "threads": args.threads,
             "contexts": args.contexts,

@@ -73,6 +73,12 @@ SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "flash_q8k": ({}, {"flash_attn": True, "type_k": "q8_0", "type_v": "f16"}),  # the swap
     # exact numerics as a whole (on the exact build: its row-invariant mode on, kernels kept)
     "exact": ({}, {"exact": True}),
+    # probes of the row-invariant mode's parts: they need a build of the exact patch with
+    # results/exact-build-v3-probe-switches.diff on top (each switch puts one stock part back,
+    # so those rows are not row-invariant); any other build ignores them
+    "ri_stockq6": ({"GGML_CPU_REPACK_ROW_INVARIANT": "1", "PROBE_STOCK_Q6": "1"}, {}),
+    "ri_stockquant": ({"GGML_CPU_REPACK_ROW_INVARIANT": "1", "PROBE_STOCK_QUANT": "1"}, {}),
+    "ri_nocolblock": ({"GGML_CPU_REPACK_ROW_INVARIANT": "1", "PROBE_NO_COLBLOCK": "1"}, {}),
     "tiled_forced": ({"GGML_CPU_TILED_MM_FORCE": "1"}, {}),
     "no_repack_tiled_forced": ({"GGML_CPU_TILED_MM_FORCE": "1"}, {"repack": False}),
 }

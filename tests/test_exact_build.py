@@ -3,8 +3,9 @@
 
 The patch gives ggml's repacked CPU kernels and its tiled K-quant path a row-invariant mode
 (``GGML_CPU_REPACK_ROW_INVARIANT=1``): a row of an n-row product gets the bits a one-row
-product gives it (Q4_K keeps its repacked gemm, the other rows summing in its order; Q6_K
-keeps the tiled path, its smaller products summing in the tiled order), so exact numerics can
+product gives it (Q4_K keeps its repacked gemm for groups of 4 rows, summing each super-block
+as the stock one-row gemv does, which the other rows run; Q6_K keeps the tiled path, its
+smaller products summing in the tiled order), so exact numerics can
 keep those kernels. Its bitwise test: on the small test model requantized to Q4_K_M (Q4_K,
 which ggml repacks on x86, and Q6_K weights), with every optional kernel kept and exact
 numerics' other settings, each row of an n-token pass (n = 1..32, contexts 20 and 1,100,
@@ -86,6 +87,7 @@ def test_exact_numerics_switch_the_row_invariant_mode_only_on_the_exact_build(
         (1, None, False),  # the first patch: only the repacked kernels had the mode
         (2, None, True),  # the mode also makes the tiled path and the small products agree
         (2, "0", False),  # the user turned the mode off: the tiled path goes off again
+        (3, None, True),  # version 3: the gemm in the gemv's order; the tiled path as in 2
     ],
 )
 def test_exact_numerics_keep_the_tiled_path_only_where_the_build_makes_it_row_invariant(
@@ -137,6 +139,7 @@ def test_doctor_and_the_profile_name_the_build() -> None:
     v1, v2 = exact_build_text(True, 1), exact_build_text(True, 2)
     assert "patch version 1" in v1 and "the tiled path off" in v1
     assert "patch version 2" in v2 and "and the tiled path" in v2
+    assert "patch version 3" in exact_build_text(True, 3)
     assert exact_build_text(False).startswith("stock build") and "make exact-build" in (
         exact_build_text(False)
     )
@@ -158,10 +161,11 @@ def test_the_patch_touches_ggml_cpu_matrix_kernels_only() -> None:
     assert files and all(f.startswith("b/ggml/src/ggml-cpu/") for f in files), files
     assert {"b/ggml/src/ggml-cpu/repack.cpp", "b/ggml/src/ggml-cpu/tiled/tiled.cpp"} <= set(files)
     added = [x for x in text.splitlines() if x.startswith("+") and not x.startswith("+++")]
-    assert 0 < len(added) <= 300
+    assert 0 < len(added) <= 420  # v3: 4 x86 gemm variants, each sum wrapped once
     assert "GGML_CPU_REPACK_ROW_INVARIANT" in text
     assert "ggml_cpu_repack_row_invariant_supported" in text  # what the product looks for
-    assert "return 2;" in text  # the version that keeps the tiled path (exact_kernels)
+    assert "return 3;" in text  # version 3 (>= 2 keeps the tiled path: exact_kernels)
+    assert "ggml_gemm_q4_K_8x8_q8_K_per_block" in text  # the gemm in the one-row gemv's order
 
 
 def test_the_exact_build_has_a_key_of_its_own_that_covers_the_patch() -> None:

@@ -220,7 +220,8 @@ class Ggml:
     def row_invariant_version(self) -> int:
         """The exact build's patch version (0: a stock build). 1: every row through the
         one-row kernels; 2: also Q4_K's repacked gemm and Q6_K's tiled path kept, the small
-        products summing in their order."""
+        products summing in their order; 3: Q4_K's gemm summing in the stock one-row gemv's
+        order instead, so the rows outside groups of 4 run the stock gemv."""
         for lib in self._libs:
             fn = getattr(lib, ROW_INVARIANT_SYMBOL, None)
             if fn is not None:
