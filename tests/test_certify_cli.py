@@ -238,3 +238,23 @@ def test_an_exact_certificate_names_the_kv_cache_its_target_ran_with() -> None:
     assert "kv_cache" not in (runtime_info(SimpleNamespace(exact=True)) or {})
     default = Certificate(header={"target_runtime": {**info, "numerics": "default"}})
     assert "not expected" in default._plain_means()
+
+
+def test_a_llama_cpp_certificate_names_the_build_that_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    import specdec.models.lib_identity as lib_identity
+    from specdec.certify.report import Certificate
+    from specdec.certify.runner import runtime_info
+
+    for version, words in ((3, "exact build, patch version 3"), (None, "stock build")):
+        ident = lib_identity.LibIdentity("/x/libggml-cpu.so", "ab" * 32, version)
+        monkeypatch.setattr(lib_identity, "loaded", lambda ident=ident: ident)
+        info = runtime_info(SimpleNamespace(path="t.gguf", exact=True))
+        assert info is not None and info["ggml_cpu"].startswith(words)
+        assert "abababab" in info["ggml_cpu"]
+        md = Certificate(header={"target_runtime": info}).to_markdown()
+        assert f"- llama.cpp: {words}" in md
+    monkeypatch.setattr(lib_identity, "loaded", lambda: None)  # nothing mapped: nothing said
+    assert "ggml_cpu" not in (runtime_info(SimpleNamespace(exact=True)) or {})
+    assert "ggml_cpu" not in (runtime_info(SimpleNamespace(dtype="float32")) or {})

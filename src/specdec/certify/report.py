@@ -225,6 +225,9 @@ class Certificate:
         numerics = (h.get("target_runtime") or {}).get("numerics")
         if numerics is not None:
             lines.append(f"- target numerics: {NUMERICS_WORDS.get(numerics, numerics)}")
+        ggml_cpu = (h.get("target_runtime") or {}).get("ggml_cpu")
+        if ggml_cpu is not None:
+            lines.append(f"- llama.cpp: {ggml_cpu}")
         if h.get("prompts"):
             lines.append(f"- prompts: {h['prompts']}")
         if h.get("predictions"):

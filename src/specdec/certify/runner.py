@@ -85,6 +85,14 @@ def runtime_info(model: object) -> dict[str, str] | None:
     kv = getattr(model, "type_k", None), getattr(model, "type_v", None)
     if None not in kv:  # the llama.cpp backend's KV cache types, keys / values
         info["kv_cache"] = "/".join(str(t) for t in kv)
+    if hasattr(model, "exact"):  # which llama.cpp build ran: its CPU library as mapped
+        from specdec.models.lib_identity import loaded
+
+        lib = loaded()
+        if lib is not None:
+            version = lib.row_invariant_version
+            build = "stock build" if version is None else f"exact build, patch version {version}"
+            info["ggml_cpu"] = f"{build}, libggml-cpu SHA-256 {lib.sha256[:16]}"
     return info
 
 
