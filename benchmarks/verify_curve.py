@@ -166,13 +166,9 @@ def parse_lib(text: str) -> tuple[str, Path]:
 def run_setting(name: str, args: argparse.Namespace) -> dict[str, Any]:
     base, label = split_setting(name)
     extra_env, _ = SETTINGS[base]
-    env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
-    env.update(extra_env)
-    libs = dict(args.lib or [])
-    if label is not None:
-        env["LLAMA_CPP_LIB_PATH"] = str(libs[label])
-    elif "LLAMA_CPP_LIB_PATH" in os.environ:
-        env["LLAMA_CPP_LIB_PATH"] = os.environ["LLAMA_CPP_LIB_PATH"]
+    env = {**os.environ, **extra_env}
+    if label is not None:  # another build; a plain name keeps the caller's LLAMA_CPP_LIB_PATH
+        env["LLAMA_CPP_LIB_PATH"] = str(dict(args.lib or [])[label])
     src = str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [

@@ -255,6 +255,13 @@ def test_a_llama_cpp_certificate_names_the_build_that_ran(monkeypatch: pytest.Mo
         assert "abababab" in info["ggml_cpu"]
         md = Certificate(header={"target_runtime": info}).to_markdown()
         assert f"- llama.cpp: {words}" in md
+
+    def two_files() -> None:
+        raise lib_identity.LibIdentityError("two different libggml-cpu files are mapped: a, b")
+
+    monkeypatch.setattr(lib_identity, "loaded", two_files)  # recorded, not a crash
+    info = runtime_info(SimpleNamespace(exact=True))
+    assert info is not None and info["ggml_cpu"].startswith("two different")
     monkeypatch.setattr(lib_identity, "loaded", lambda: None)  # nothing mapped: nothing said
     assert "ggml_cpu" not in (runtime_info(SimpleNamespace(exact=True)) or {})
     assert "ggml_cpu" not in (runtime_info(SimpleNamespace(dtype="float32")) or {})

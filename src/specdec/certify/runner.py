@@ -86,9 +86,13 @@ def runtime_info(model: object) -> dict[str, str] | None:
     if None not in kv:  # the llama.cpp backend's KV cache types, keys / values
         info["kv_cache"] = "/".join(str(t) for t in kv)
     if hasattr(model, "exact"):  # which llama.cpp build ran: its CPU library as mapped
-        from specdec.models.lib_identity import loaded
+        from specdec.models.lib_identity import LibIdentityError, loaded
 
-        lib = loaded()
+        try:
+            lib = loaded()
+        except LibIdentityError as err:  # recorded, not fatal: the certificate says so
+            info["ggml_cpu"] = str(err)
+            lib = None
         if lib is not None:
             version = lib.row_invariant_version
             build = "stock build" if version is None else f"exact build, patch version {version}"
