@@ -12,7 +12,6 @@ import torch
 from specdec.certify.common import torch_threads
 from specdec.certify.faults import BatchVariantLM
 from specdec.certify.invariance import batch_invariance
-from specdec.certify.mock_level import exact_window_distribution
 from specdec.certify.prefix_cache import PrefixReuseLM
 from specdec.certify.shape_matched import shape_matched_generate
 from specdec.certify.stats.chisquare import chisquare_gof
@@ -20,6 +19,7 @@ from specdec.core.loop import generate
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import ConfigError
+from specdec.mock_runs import exact_window_distribution
 from specdec.models.mock import MockLM, mock_pair
 
 

@@ -18,13 +18,7 @@ import torch
 
 from specdec.certify.common import torch_threads
 from specdec.certify.faults import injected_fault
-from specdec.certify.mock_level import (
-    PREDICTIONS,
-    Level2Config,
-    SampledSetup,
-    exact_window_distribution,
-    run_level2,
-)
+from specdec.certify.mock_level import Level2Config, run_level2
 from specdec.certify.progress import ProgressLog
 from specdec.certify.synthetic import (
     KINDS,
@@ -38,6 +32,7 @@ from specdec.certify.synthetic import (
 from specdec.core.rejection import walk
 from specdec.core.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.errors import ConfigError
+from specdec.mock_runs import PREDICTIONS, SampledSetup, exact_window_distribution
 from specdec.models.mock import MockLM
 
 
@@ -181,6 +176,40 @@ def test_level2_passes_for_the_real_decoder(tmp_path) -> None:  # type: ignore[n
     with injected_fault("always-accept"):  # would fail if anything were recomputed
         r2 = run_level2(L2, log=resumed)
     assert r2.summary()["sampled_min_p"] == s["sampled_min_p"] and r2.status == "pass"
+
+
+@dataclasses.dataclass
+class _Unit:
+    name: str
+    value: float
+
+
+def test_a_progress_unit_is_computed_once_and_read_back_on_resume(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``ProgressLog.unit`` / ``units`` compute a unit that is not done, store it, and on a
+    resumed log return what was stored without computing again; a stored value that does not
+    fit the unit's type is one ConfigError naming the unit (a fixture that must fail)."""
+    calls: list[str] = []
+
+    def make(name: str) -> _Unit:
+        calls.append(name)
+        return _Unit(name, 0.5)
+
+    log = ProgressLog(tmp_path / "p.jsonl", {"x": 1}, resume=False)
+    assert log.unit("a", lambda: make("a"), _Unit) == _Unit("a", 0.5)
+    assert log.units("b", lambda: [make("b"), make("c")], _Unit) == [
+        _Unit("b", 0.5),
+        _Unit("c", 0.5),
+    ]
+    assert calls == ["a", "b", "c"]
+    resumed = ProgressLog(tmp_path / "p.jsonl", {"x": 1}, resume=True)
+    assert resumed.unit("a", lambda: make("again"), _Unit) == _Unit("a", 0.5)
+    assert resumed.units("b", lambda: [make("again")], _Unit) == [_Unit("b", 0.5), _Unit("c", 0.5)]
+    assert calls == ["a", "b", "c"]  # nothing was recomputed
+    assert resumed.unit("d", lambda: make("d"), _Unit) == _Unit("d", 0.5)
+    assert calls[-1] == "d"  # a unit not done is computed on a resumed log too
+    resumed.put("bad", {"nope": 1})
+    with pytest.raises(ConfigError, match="'bad'"):
+        resumed.unit("bad", lambda: make("bad"), _Unit)
 
 
 L2_PREDICTIONS = dataclasses.replace(

@@ -2,7 +2,8 @@
 lossless, at three levels (synthetic walk, mock models, the real setup), plus a
 batch-invariance probe. See docs/certify.md.
 
-Modules: synthetic (Level 1), mock_level (Level 2), real (Level 3), pertoken (Level 3's
+Modules: synthetic (Level 1), mock_level (Level 2; its runs on the mocks are
+``specdec.mock_runs``), real (Level 3), pertoken (Level 3's
 per-token test: the model's rows), stats (every test, power computation and interval: the
 pure math), invariance (the probe), shape_matched (the batch-shape-matched plain baseline),
 prefix_cache, faults (deliberate bugs and faulty backends for self-tests), plan (quick / full

@@ -11,6 +11,7 @@ from specdec.core.drafter import Drafter
 from specdec.core.model import CausalLM
 
 from .plan import make_plan
+from .prompts import CertifyPrompts
 from .report import Certificate
 from .runner import CertifyConfig, run_certificate
 from .stats.thresholds import ALPHA
@@ -82,4 +83,5 @@ def certify_models(
         fault=fault,
         command="specdec.certify.certify_models(...)",
     )
-    return run_certificate(cfg, lambda: (draft, target), progress=progress, prompts=prompts)
+    given = CertifyPrompts(list(prompts), None, "the caller")
+    return run_certificate(cfg, lambda: (draft, target), progress=progress, prompts=given)

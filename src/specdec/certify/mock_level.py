@@ -17,103 +17,24 @@
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from specdec.core.drafter import Drafter
-from specdec.core.loop import generate, generate_stream
-from specdec.core.sampling import SamplingConfig, logits_to_probs
-from specdec.drafters.ngram import NgramDrafter
-from specdec.drafters.planned import PlannedSuffixDrafter
-from specdec.drafters.prediction import PredictionDrafter
-from specdec.drafters.suffix import SuffixDrafter
-from specdec.models.mock import MockLM, mock_pair
-from specdec.theory import Costs
+from specdec.mock_runs import SampledSetup, greedy_runs, setup_windows
 
 from .common import FAIL, PASS, first_difference, fmt
-from .progress import ProgressLog, revive
+from .progress import ProgressLog
 from .seeds import SeedPlan
 from .stats.chisquare import chisquare_gof
 from .stats.family import TestRecord, apply_holm
 from .stats.thresholds import ALPHA, POWER
 
-
-# ------------------------------------------------------------------ exact distributions
-def exact_window_distribution(
-    model: MockLM, prompt: Sequence[int], start: int, m: int, sampling: SamplingConfig
-) -> np.ndarray:
-    """Exact distribution [V^m] of the generated tokens at positions start..start+m-1
-    (1-based; category index sum_i y_i * V^i), when every token is sampled from
-    logits_to_probs(logits_for_context(context), sampling) with no stop at EOS.
-
-    Exact dynamic programming over the mock's state (its last ``order`` tokens).
-    """
-    order, vocab = model.spec.order, model.vocab_size
-    rows: dict[tuple[int, ...], np.ndarray] = {}
-
-    def row(key: tuple[int, ...]) -> np.ndarray:
-        if key not in rows:
-            logits = model.logits_for_context(list(key))  # [V]
-            p = logits_to_probs(logits, sampling)
-            rows[key] = p.double().numpy()  # [V]
-        return rows[key]
-
-    # state: (last `order` tokens of the context, window tokens so far) -> probability
-    states: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {
-        (tuple(int(t) for t in prompt[-order:]), ()): 1.0
-    }
-    for pos in range(1, start + m):
-        nxt: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = defaultdict(float)
-        for (key, win), prob in states.items():
-            r = row(key)
-            for tok in np.flatnonzero(r > 0):
-                t = int(tok)
-                new_win = (*win, t) if pos >= start else win
-                nxt[((*key, t)[-order:], new_win)] += prob * float(r[t])
-        states = nxt
-    out = np.zeros(vocab**m)
-    for (_, win), prob in states.items():
-        out[sum(t * vocab**i for i, t in enumerate(win))] += prob
-    return out
-
-
 # ------------------------------------------------------------------ configuration
-def level_pair(
-    closeness: str, vocab: int, seed: int, draft_vocab_delta: int = 0
-) -> tuple[MockLM, MockLM]:
-    """The (draft, target) mock pair of a greedy unit or a sampled setup: ``closeness``, the
-    target's vocabulary, and a draft with ``draft_vocab_delta`` ids more (a padded pair)."""
-    return mock_pair(
-        closeness, vocab_size=vocab, seed=seed, draft_vocab_size=vocab + draft_vocab_delta
-    )
-
-
-@dataclass(frozen=True)
-class SampledSetup:
-    """One sampled configuration of Level 2."""
-
-    name: str
-    closeness: str  # mock pair: identical | close | far
-    k: int
-    drafter: str = "model"  # model | ngram | planned | a PREDICTIONS kind
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    # a padded pair (``models.vocab``): the draft has this many ids more (or fewer) than the
-    # target; negative is the Qwen2.5 0.5B -> 7B case, where the target can emit ids the
-    # draft model lacks
-    draft_vocab_delta: int = 0
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature, self.top_k, self.top_p)
-
-
+# (a setup is run by ``mock_runs.setup_windows``)
 DEFAULT_SETUPS: tuple[SampledSetup, ...] = (
     SampledSetup("plain-K0", "close", 0),
     SampledSetup("close-K1", "close", 1),
@@ -169,48 +90,13 @@ def mock_prompts(g: torch.Generator, n: int, vocab: int) -> list[list[int]]:
     return out
 
 
-# a nearly flat verify curve for the planned drafter on mocks, so that it drafts often and
-# its cut drafts are exercised (on a serial curve it would mostly fall back to plain steps)
-MOCK_PLANNER_COSTS = Costs(verify_s=tuple(1.0 + 0.05 * n for n in range(16)), prefill_tps=1e3)
+# the foreign predictions' stream (``mock_runs.PREDICTIONS``): fixed, not the run's --seed
+FOREIGN = SeedPlan(0)
 
 
-# predictions (``drafters.prediction``, OpenAI's predicted outputs) drafted in front of the
-# planned drafter: the target's own greedy continuation of the prompt (right), the same with
-# every token changed (wrong at every position), shifted by one token, and tokens of another
-# "language" (an unrelated random sequence, the same in every run: part of the setup)
-PREDICTIONS = ("prediction", "prediction-wrong", "prediction-shifted", "prediction-foreign")
-FOREIGN = SeedPlan(0)  # the foreign predictions' stream: fixed, not the run's --seed
-
-
-def mock_prediction(
-    kind: str, right: Sequence[int], prompt: Sequence[int], vocab: int, n: int
-) -> list[int]:
-    """The prediction of ``kind`` for ``prompt`` from ``right``, the target's greedy
-    continuation of it (``MockLM.greedy_continuation``, n tokens or up to EOS); the foreign
-    one is n tokens of a fixed stream."""
-    if kind == "prediction":
-        return list(right)
-    if kind == "prediction-wrong":
-        return [(t + 1) % vocab for t in right]
-    if kind == "prediction-shifted":
-        return list(right[1:])
-    assert kind == "prediction-foreign", kind
-    g = FOREIGN.generator("l2-foreign", *prompt)
-    return [int(t) for t in torch.randint(vocab, (n,), generator=g)]
-
-
-def _drafter(kind: str, draft: MockLM, prediction: Sequence[int] | None = None) -> MockLM | Drafter:
-    """A fresh drafter of ``kind`` (a prediction drafter, made for one generation, drafts
-    ``prediction``: ``mock_prediction``'s tokens)."""
-    if kind == "ngram":
-        return NgramDrafter(max_n=3)
-    if kind == "planned":
-        return PlannedSuffixDrafter(SuffixDrafter(), MOCK_PLANNER_COSTS)
-    if kind in PREDICTIONS:
-        assert prediction is not None, kind
-        fallback = PlannedSuffixDrafter(SuffixDrafter(), MOCK_PLANNER_COSTS)
-        return PredictionDrafter(prediction, costs=MOCK_PLANNER_COSTS, fallback=fallback)
-    return draft
+def foreign_seed(prompt: list[int]) -> int:
+    """The seed of ``prompt``'s foreign prediction (the same in every run)."""
+    return FOREIGN.seed("l2-foreign", *prompt)
 
 
 # ------------------------------------------------------------------ results
@@ -285,41 +171,9 @@ class Level2Result:
 
 
 # ------------------------------------------------------------------ running
-# The model work of each unit is done in one place (``greedy_outputs``, ``setup_windows``)
-# and gives plain token lists and counts; the checks and statistics are then made on those.
-
-
-def greedy_outputs(
-    draft: MockLM,
-    target: MockLM,
-    prompt: Sequence[int],
-    ref: list[int],
-    max_new_tokens: int,
-    drafters: Sequence[str],
-    ks: Sequence[int],
-) -> tuple[list[int], list[int], dict[tuple[str, int], list[int]]]:
-    """The greedy outputs for one prompt, given its reference path ``ref`` (the target's
-    ``greedy_continuation`` of ``max_new_tokens``): the reference, plain decoding, and
-    speculative decoding for every (drafter, K), each with a fresh drafter (the predictions
-    made from ``ref``)."""
-    greedy = SamplingConfig()
-    vocab = target.vocab_size
-    predicted = {
-        kind: mock_prediction(kind, ref, prompt, vocab, max_new_tokens)
-        for kind in drafters
-        if kind in PREDICTIONS
-    }
-    made = {(kind, k): _drafter(kind, draft, predicted.get(kind)) for kind in drafters for k in ks}
-    plain = generate(
-        target, None, prompt, max_new_tokens=max_new_tokens, k=0, sampling=greedy
-    ).tokens
-    spec = {
-        (kind, k): generate(
-            target, drafter, prompt, max_new_tokens=max_new_tokens, k=k, sampling=greedy
-        ).tokens
-        for (kind, k), drafter in made.items()
-    }
-    return ref, plain, spec
+# The model work of each unit is done below, in ``mock_runs`` (``greedy_runs``,
+# ``setup_windows``), and gives plain token lists and counts; the checks and statistics are
+# made here on those.
 
 
 def greedy_units(
@@ -334,124 +188,64 @@ def greedy_units(
     ]
 
 
-def run_greedy(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> list[GreedyUnit]:
+def greedy_batch(
+    cfg: Level2Config, closeness: str, vocab: int, prompts: list[list[int]], seeds: SeedPlan
+) -> list[GreedyUnit]:
+    """The greedy units of one (closeness, vocabulary) pair over ``prompts``."""
+    runs = greedy_runs(
+        closeness,
+        vocab,
+        seeds.base,
+        prompts,
+        [foreign_seed(p) for p in prompts],
+        cfg.greedy_max_new_tokens,
+        cfg.greedy_drafters,
+        cfg.greedy_ks,
+    )
+    return [
+        unit
+        for pi, outputs in enumerate(runs)
+        for unit in greedy_units(f"{closeness}-V{vocab}/prompt{pi}", *outputs)
+    ]
+
+
+def run_greedy(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog) -> list[GreedyUnit]:
     units: list[GreedyUnit] = []
     for vocab in cfg.greedy_vocabs:
         prompts = mock_prompts(seeds.generator("l2-prompts", vocab), cfg.greedy_prompts, vocab)
         for closeness in cfg.greedy_closeness:
             key = f"l2/greedy/{closeness}-V{vocab}"
-            stored = log.read(key, lambda v: [revive(GreedyUnit, u) for u in v]) if log else None
-            if stored is not None:
-                units.extend(stored)
-                continue
-            draft, target = level_pair(closeness, vocab, seeds.base)
-            n = cfg.greedy_max_new_tokens
-            refs = [target.greedy_continuation(prompt, n) for prompt in prompts]
-            batch: list[GreedyUnit] = []
-            for pi, (prompt, ref) in enumerate(zip(prompts, refs, strict=True)):
-                outputs = greedy_outputs(
-                    draft, target, prompt, ref, n, cfg.greedy_drafters, cfg.greedy_ks
-                )
-                batch.extend(greedy_units(f"{closeness}-V{vocab}/prompt{pi}", *outputs))
-            units.extend(batch)
-            if log:
-                log.put(key, [asdict(u) for u in batch])
+            compute = partial(greedy_batch, cfg, closeness, vocab, prompts, seeds)
+            units.extend(log.units(key, compute, GreedyUnit))
     return units
 
 
-def window_end(windows: Sequence[tuple[int, int]]) -> int:
-    """The last generated position (1-based) that a window of ``windows`` covers."""
-    return max(s + m - 1 for s, m in windows)
+def sampled_records(
+    cfg: Level2Config, setup: SampledSetup, prompt: list[int], seeds: SeedPlan
+) -> list[TestRecord]:
+    """The goodness-of-fit tests of one sampled setup, one per window (before Holm)."""
+    found = setup_windows(
+        setup,
+        prompt,
+        cfg.sampled_vocab,
+        cfg.windows,
+        seeds.base,
+        [seeds.seed("l2", setup.name, i) for i in range(cfg.sequences)],
+        foreign_seed(prompt),
+    )
+    return [
+        TestRecord.from_test(f"{setup.name}/pos{s}+{m}", chisquare_gof(counts, exact))
+        for (s, m), counts, exact in found
+    ]
 
 
-def setup_length(setup: SampledSetup, windows: Sequence[tuple[int, int]]) -> int:
-    """Tokens a sampled sequence of ``setup`` is generated for: its windows, and K more, so
-    that the length does not cut the drafts of the rounds that reach the windows."""
-    return window_end(windows) + setup.k
-
-
-def sample_windows(
-    setup: SampledSetup,
-    draft: MockLM,
-    target: MockLM,
-    prompt: Sequence[int],
-    right: list[int] | None,
-    windows: Sequence[tuple[int, int]],
-    sequences: int,
-    seeds: SeedPlan,
-) -> dict[tuple[int, int], np.ndarray]:
-    """Counts [V^m] per window from ``sequences`` independent sequences (one seed each);
-    ``right``: the target's greedy continuation the predictions are made from (a prediction
-    setup; ``setup_length`` tokens)."""
-    vocab = target.vocab_size
-    counts = {w: np.zeros(vocab ** w[1], dtype=np.int64) for w in windows}
-    end, n = window_end(windows), setup_length(setup, windows)
-    predicted = None
-    if setup.drafter in PREDICTIONS:
-        assert right is not None, setup.name
-        predicted = mock_prediction(setup.drafter, right, prompt, vocab, n)
-    drafter = _drafter(setup.drafter, draft, predicted) if setup.k > 0 else None
-    for i in range(sequences):
-        toks: list[int] = []
-        if predicted is not None:  # a prediction drafter follows one generation
-            drafter = _drafter(setup.drafter, draft, predicted)
-        for ev in generate_stream(
-            target,
-            drafter,
-            prompt,
-            max_new_tokens=n,
-            k=setup.k,
-            sampling=setup.sampling,
-            seed=seeds.seed("l2", setup.name, i),
-            stop_on_eos=False,
-        ):
-            toks.extend(ev.tokens)
-            if len(toks) >= end:
-                break
-        for (s, m), c in counts.items():
-            c[sum(t * vocab**j for j, t in enumerate(toks[s - 1 : s - 1 + m]))] += 1
-    return counts
-
-
-def setup_windows(
-    setup: SampledSetup,
-    prompt: Sequence[int],
-    vocab: int,
-    windows: Sequence[tuple[int, int]],
-    sequences: int,
-    seeds: SeedPlan,
-) -> list[tuple[tuple[int, int], np.ndarray, np.ndarray]]:
-    """The model work of one sampled setup: per window, (window, counts of the sampled
-    sequences [V^m], exact distribution [V^m])."""
-    n = setup_length(setup, windows)
-    draft, target = level_pair(setup.closeness, vocab, seeds.base, setup.draft_vocab_delta)
-    exact = {
-        (s, m): exact_window_distribution(target, prompt, s, m, setup.sampling) for s, m in windows
-    }
-    right = target.greedy_continuation(prompt, n) if setup.drafter in PREDICTIONS else None
-    counts = sample_windows(setup, draft, target, prompt, right, windows, sequences, seeds)
-    return [((s, m), counts[s, m], exact[s, m]) for s, m in windows]
-
-
-def run_sampled(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog | None) -> list[TestRecord]:
+def run_sampled(cfg: Level2Config, seeds: SeedPlan, log: ProgressLog) -> list[TestRecord]:
     """Goodness-of-fit tests of every sampled setup (before Holm)."""
-    vocab = cfg.sampled_vocab
-    prompts = mock_prompts(seeds.generator("l2-sampled-prompt"), 2, vocab)
+    prompts = mock_prompts(seeds.generator("l2-sampled-prompt"), 2, cfg.sampled_vocab)
     raw: list[TestRecord] = []
     for si, setup in enumerate(cfg.setups):
-        key = f"l2/sampled/{setup.name}"
-        records = log.read(key, lambda v: [revive(TestRecord, d) for d in v]) if log else None
-        if records is not None:
-            raw.extend(records)
-            continue
-        found = setup_windows(setup, prompts[si % 2], vocab, cfg.windows, cfg.sequences, seeds)
-        recs = [
-            TestRecord.from_test(f"{setup.name}/pos{s}+{m}", chisquare_gof(counts, exact))
-            for (s, m), counts, exact in found
-        ]
-        raw.extend(recs)
-        if log:
-            log.put(key, [r.to_dict() for r in recs])
+        compute = partial(sampled_records, cfg, setup, prompts[si % 2], seeds)
+        raw.extend(log.units(f"l2/sampled/{setup.name}", compute, TestRecord))
     return raw
 
 
@@ -459,6 +253,7 @@ def run_level2(cfg: Level2Config, *, log: ProgressLog | None = None) -> Level2Re
     """Greedy bit-exactness and sampled goodness of fit of the decoding loop on mocks."""
     t0 = time.perf_counter()
     res = Level2Result(cfg)
+    log = log or ProgressLog.memory()
     seeds = SeedPlan(cfg.seed)
     res.greedy = run_greedy(cfg, seeds, log)
     res.tests = apply_holm(run_sampled(cfg, seeds, log), cfg.alpha, cfg.power)

@@ -63,6 +63,30 @@ class ProgressLog:
                 "(run without --resume to start over)"
             )
 
+    @classmethod
+    def memory(cls) -> ProgressLog:
+        """A log that keeps its units in memory only (a run without an output directory)."""
+        return cls(None, {}, resume=False)
+
+    def unit(self, key: str, compute: Callable[[], T], kind: type[T]) -> T:
+        """The unit under ``key``, a dataclass of ``kind``: read back when it is done, else
+        ``compute``d and stored, so that a resumed run redoes only the units it lacks."""
+        done = self.read(key, lambda v: revive(kind, v))
+        if done is not None:
+            return done
+        value = compute()
+        self.put(key, dataclasses.asdict(value))  # type: ignore[call-overload]
+        return value
+
+    def units(self, key: str, compute: Callable[[], list[T]], kind: type[T]) -> list[T]:
+        """``unit`` for a list of dataclasses of ``kind`` stored under one key."""
+        done = self.read(key, lambda v: [revive(kind, x) for x in v])
+        if done is not None:
+            return done
+        values = compute()
+        self.put(key, [dataclasses.asdict(x) for x in values])  # type: ignore[call-overload]
+        return values
+
     def get(self, key: str) -> Any | None:
         return self.done.get(key)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdec.prompt_sets import CODE_PREDICT, SPEC_BENCH, load_prompt_file, load_spec_bench
@@ -33,9 +34,10 @@ def _spread(items: list[str], n: int) -> list[str]:
 class CertifyPrompts:
     """The prompts of Level 3 and the probe, read once: their texts, the predictions that go
     with them (OpenAI's predicted outputs; None when no prompt carries one) and where they
-    came from (for the report)."""
+    came from (for the report). A caller of the Python API may give token-id lists for
+    texts."""
 
-    texts: list[str]
+    texts: Sequence[str | Sequence[int]]
     predictions: list[str | None] | None
     where: str
 
@@ -48,18 +50,26 @@ def load_prompts(source: str | None, n: int) -> CertifyPrompts:
     carries predictions), or a file path (JSONL with "prompt" | "turns" | "text" and an
     optional "prediction" per line, or one prompt per line; the first n are used).
     """
+    texts, predictions, where = _read(source, n)
+    return CertifyPrompts(texts, predictions, where)
+
+
+def load_texts(source: str | None, n: int) -> list[str]:
+    """The texts of ``load_prompts(source, n)``."""
+    return _read(source, n)[0]
+
+
+def _read(source: str | None, n: int) -> tuple[list[str], list[str | None] | None, str]:
     if source in (None, BUILTIN):
         texts = list(DEFAULT_PROMPTS)
-        return CertifyPrompts(texts[:n] if n > 0 else texts, None, "built-in prompts")
+        return texts[:n] if n > 0 else texts, None, "built-in prompts"
     if source == SPEC_BENCH:
-        return CertifyPrompts(
-            _spread([p.text for p in load_spec_bench()], n), None, "Spec-Bench (packaged)"
-        )
+        return _spread([p.text for p in load_spec_bench()], n), None, "Spec-Bench (packaged)"
     found = load_prompt_file(source)  # a packaged set by name, or the user's file
     found = found[:n] if n > 0 else found
     predictions = [p.prediction for p in found]
     where = "code_predict (packaged, with predictions)" if source == CODE_PREDICT else source
-    return CertifyPrompts(
+    return (
         [p.text for p in found],
         predictions if any(x is not None for x in predictions) else None,
         where,

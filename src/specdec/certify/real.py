@@ -34,6 +34,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,7 @@ from .common import FAIL, PASS, WARN, first_difference, fmt, worst
 from .invariance import InvarianceResult, batch_invariance
 from .pertoken import SequenceScore, score_sequence
 from .prefix_cache import PrefixReuseLM
-from .progress import ProgressLog, revive
+from .progress import ProgressLog
 from .seeds import SeedPlan
 from .shape_matched import shape_matched_generate
 from .stats.alternatives import PowerRow, power_table
@@ -292,11 +293,6 @@ def summarize_scores(
         replay_max_abs=worst(replayed),
         n_replayed=len(replayed),
     )
-
-
-def _scores(value: list[dict[str, Any]]) -> list[SequenceScore]:
-    """Stored sequence scores, read back (``progress.revive``)."""
-    return [revive(SequenceScore, x) for x in value]
 
 
 # ------------------------------------------------------------------ level
@@ -592,6 +588,7 @@ def run_level3(
     prediction in front of the draft (``drafters.prediction``; a fresh drafter each)."""
     say = progress or (lambda _msg: None)
     res = Level3Result(cfg, draft_label, target_label)
+    log = log or ProgressLog.memory()
     seeds = SeedPlan(cfg.seed)
     if "probe" in parts:
         t0 = time.perf_counter()
@@ -611,19 +608,17 @@ def run_level3(
 
     if "greedy" in parts:
         t0 = time.perf_counter()
-        for i, ids in enumerate(prompts[: cfg.greedy_prompts]):
-            key = f"l3/greedy/{i}"
-            stored = log.read(key, lambda v: revive(GreedyPrompt, v)) if log else None
-            if stored is not None:
-                res.greedy.append(stored)
-                continue
+        n_greedy = min(len(prompts), cfg.greedy_prompts)
+
+        def greedy_unit(i: int, ids: Sequence[int]) -> GreedyPrompt:
             g = greedy_prompt(t, drafter(i), ids, cfg, res.tie_threshold, i)
-            res.greedy.append(g)
             what = "agrees" if g.divergence is None else f"diverges ({g.divergence.cause})"
-            n_greedy = min(len(prompts), cfg.greedy_prompts)
             say(f"greedy prompt {i + 1}/{n_greedy}: {what} ({g.seconds:.0f} s)")
-            if log:
-                log.put(key, asdict(g))
+            return g
+
+        for i, ids in enumerate(prompts[: cfg.greedy_prompts]):
+            compute = partial(greedy_unit, i, ids)
+            res.greedy.append(log.unit(f"l3/greedy/{i}", compute, GreedyPrompt))
         res.seconds["greedy"] = time.perf_counter() - t0
     if "pertoken" in parts:
         t0 = time.perf_counter()
@@ -632,38 +627,38 @@ def run_level3(
         if order_model is None and isinstance(inner, CausalLM):
             order_model = inner
         order = "draft row / target row (q / P)" if order_model is not None else "-P"
-        scores: list[SequenceScore] = []
         n_prompts = min(len(prompts), cfg.sampled_prompts)
-        for i, ids in enumerate(prompts[:n_prompts]):
-            for c0 in range(0, cfg.seeds, cfg.chunk):
-                key = f"l3/pertoken/{i}/{c0}"
-                chunk = log.read(key, _scores) if log else None
-                if chunk is not None:
-                    scores.extend(chunk)
-                    continue
-                done = [
-                    score_sequence(
-                        t,
-                        drafter(i),
-                        order_model,
-                        ids,
-                        k=cfg.k,
-                        max_new_tokens=cfg.sample_tokens,
-                        sampling=cfg.sampling,
-                        seed=seeds.seed("l3", "spec", i, s),
-                        pit_generator=seeds.generator("l3", "pit", i, s),
-                        with_plain=s < cfg.n_plain,
-                    ).to_dict()
-                    for s in range(c0, min(cfg.seeds, c0 + cfg.chunk))
-                ]
-                if log:
-                    log.put(key, done)
-                say(
-                    f"per-token prompt {i + 1}/{n_prompts}: "
-                    f"{c0 + len(done)}/{cfg.seeds} sequences "
-                    f"({time.perf_counter() - t0:.0f} s)"
+
+        def pertoken_chunk(i: int, ids: Sequence[int], c0: int) -> list[SequenceScore]:
+            done = [
+                score_sequence(
+                    t,
+                    drafter(i),
+                    order_model,
+                    ids,
+                    k=cfg.k,
+                    max_new_tokens=cfg.sample_tokens,
+                    sampling=cfg.sampling,
+                    seed=seeds.seed("l3", "spec", i, s),
+                    pit_generator=seeds.generator("l3", "pit", i, s),
+                    with_plain=s < cfg.n_plain,
                 )
-                scores.extend(_scores(done))
+                for s in range(c0, min(cfg.seeds, c0 + cfg.chunk))
+            ]
+            say(
+                f"per-token prompt {i + 1}/{n_prompts}: {c0 + len(done)}/{cfg.seeds} sequences "
+                f"({time.perf_counter() - t0:.0f} s)"
+            )
+            return done
+
+        scores = [
+            score
+            for i, ids in enumerate(prompts[:n_prompts])
+            for c0 in range(0, cfg.seeds, cfg.chunk)
+            for score in log.units(
+                f"l3/pertoken/{i}/{c0}", partial(pertoken_chunk, i, ids, c0), SequenceScore
+            )
+        ]
         res.pertoken = summarize_scores(scores, cfg, order, seeds)
         res.seconds["pertoken"] = time.perf_counter() - t0
     return res

@@ -21,7 +21,7 @@ from .invariance import batch_invariance
 from .mock_level import run_level2
 from .plan import Plan
 from .progress import ProgressLog
-from .prompts import load_prompts
+from .prompts import CertifyPrompts
 from .real import run_level3
 from .report import Certificate, write_certificate
 from .synthetic import run_level1
@@ -138,23 +138,21 @@ def run_certificate(
     loader: Loader | None = None,
     *,
     progress: Callable[[str], None] | None = None,
-    prompts: Sequence[str | Sequence[int]] | None = None,
+    prompts: CertifyPrompts | None = None,
 ) -> Certificate:
     """Run the levels in cfg.levels; write certificate.json/.md into cfg.out_dir if set.
 
     loader() returns (draft or drafter, target) and is called only when Level 3 or the probe
-    runs; a backend fault named in cfg.fault is applied to what it returns. ``prompts`` (texts
-    or token-id lists) replace cfg.prompts_source. ``progress`` receives one-line status
-    messages (the CLI prints them to stderr).
+    runs; a backend fault named in cfg.fault is applied to what it returns. ``prompts``: the
+    prompts of Level 3 and the probe, read by the caller before the run (the CLI reads
+    cfg.prompts_source with ``prompts.load_prompts``, so that a bad prompt file fails before
+    the first level). ``progress`` receives one-line status messages (the CLI prints them to
+    stderr).
     """
     say = progress or (lambda _msg: None)
     needs_models = "3" in cfg.levels or "probe" in cfg.levels
-    # read before the first level runs, so that a bad prompt file fails at once
-    loaded = (
-        load_prompts(cfg.prompts_source, cfg.plan.prompts)
-        if needs_models and prompts is None
-        else None
-    )
+    if needs_models and prompts is None:
+        raise ConfigError("level 3 and the probe need prompts")
     header = cfg.header()
     log = ProgressLog(
         cfg.out_dir / PROGRESS_FILE if cfg.out_dir else None, header, resume=cfg.resume
@@ -195,15 +193,11 @@ def run_certificate(
             target = loaded_target
             if cfg.fault is not None and loaded_draft is not None:
                 draft, target = fault_models(cfg.fault, loaded_draft, loaded_target)
-            texts: Sequence[str | Sequence[int]]
-            if prompts is not None:
-                texts, found, where = list(prompts), None, "the caller"
-            else:
-                assert loaded is not None
-                texts, found, where = loaded.texts, loaded.predictions, loaded.where
-            ids, predictions = prompt_ids(target, texts, found, cfg.chat)
+            assert prompts is not None
+            ids, predictions = prompt_ids(target, prompts.texts, prompts.predictions, cfg.chat)
             cert.header["prompts"] = (
-                f"{len(ids)} from {where} ({min(map(len, ids))}-{max(map(len, ids))} tokens)"
+                f"{len(ids)} from {prompts.where} ({min(map(len, ids))}-{max(map(len, ids))} "
+                "tokens)"
             )
             if predictions is not None:
                 cert.header["predictions"] = (

@@ -27,6 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from specdec.core.sampling import SamplingConfig, logits_to_probs
 
 from .common import FAIL, PASS, fmt
 from .common import worst as worst_of
-from .progress import ProgressLog, revive
+from .progress import ProgressLog
 from .seeds import SeedPlan
 from .stats.chisquare import chisquare_gof
 from .stats.family import TestRecord, apply_holm
@@ -66,11 +67,6 @@ def default_walk(
 ) -> tuple[int, int]:
     """``specdec.core.rejection.walk``, looked up at call time (so injected faults apply)."""
     return rejection.walk(p, q, drafts, rng)
-
-
-def _records(value: list[dict[str, object]]) -> list[TestRecord]:
-    """Stored test records, read back (``progress.revive``)."""
-    return [revive(TestRecord, d) for d in value]
 
 
 @dataclass(frozen=True)
@@ -354,6 +350,7 @@ def run_level1(
     """Run the exact and Monte Carlo checks of the walk (``walk_fn``: the walk under test)."""
     t0 = time.perf_counter()
     res = Level1Result(cfg)
+    log = log or ProgressLog.memory()
     seeds = SeedPlan(cfg.seed)
     gen = seeds.generator("level1-exact")
     for kind in cfg.kinds:
@@ -362,14 +359,20 @@ def run_level1(
                 name = f"{kind}-V{cfg.exact_vocab}-K{k}-{i}"
                 case = make_case(gen, cfg.exact_vocab, k, kind, name)  # always drawn: stable
                 key = f"l1/exact/{name}"
-                done = log.read(key, lambda v: revive(ExactCaseResult, v)) if log else None
-                if done is not None:
-                    res.exact.append(done)
-                    continue
-                r = exact_case(walk_fn, case, cfg.exact_tol, cfg.max_fixed_drafts, seeds.rng(key))
-                res.exact.append(r)
-                if log:
-                    log.put(key, asdict(r))
+                res.exact.append(
+                    log.unit(
+                        key,
+                        partial(
+                            exact_case,
+                            walk_fn,
+                            case,
+                            cfg.exact_tol,
+                            cfg.max_fixed_drafts,
+                            seeds.rng(key),
+                        ),
+                        ExactCaseResult,
+                    )
+                )
     raw: list[TestRecord] = []
     gen = seeds.generator("level1-mc")
     for vocab in cfg.mc_vocabs:
@@ -379,16 +382,20 @@ def run_level1(
                     name = f"{kind}-V{vocab}-K{k}-{i}"
                     case = make_case(gen, vocab, k, kind, name)
                     key = f"l1/mc/{name}"
-                    stored = log.read(key, _records) if log else None
-                    if stored is not None:
-                        raw.extend(stored)
-                        continue
-                    recs = mc_case_tests(
-                        walk_fn, case, cfg.mc_trials, cfg.mc_min_count, seeds.child(key)
+                    raw.extend(
+                        log.units(
+                            key,
+                            partial(
+                                mc_case_tests,
+                                walk_fn,
+                                case,
+                                cfg.mc_trials,
+                                cfg.mc_min_count,
+                                seeds.child(key),
+                            ),
+                            TestRecord,
+                        )
                     )
-                    raw.extend(recs)
-                    if log:
-                        log.put(key, [r.to_dict() for r in recs])
     res.tests = apply_holm(raw, cfg.alpha, cfg.power)
     res.seconds = time.perf_counter() - t0
     return res

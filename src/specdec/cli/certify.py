@@ -197,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         return run_endpoint_certify(args)
     from specdec.certify.common import FAIL
     from specdec.certify.plan import make_plan, parse_levels
+    from specdec.certify.prompts import load_prompts
     from specdec.certify.runner import CertifyConfig, model_label, run_certificate
     from specdec.pairs import draft_label, load_pair
 
@@ -238,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
         fault=args.inject_fault,
         command=_command(args),
     )
+    # read before the first level runs, so that a bad prompt file fails at once
+    read_prompts = load_prompts(prompts, plan.prompts) if needs_models else None
     if needs_models:
         quiet_libraries()
 
@@ -252,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         cfg,
         lambda: load_pair(draft_cfg, target_cfg, costs=costs, draft_window=window),
         progress=say,
+        prompts=read_prompts,
     )
     print(printable(cert.verdict_line()))
     print(f"wrote {Path(args.out) / 'certificate.md'} and {Path(args.out) / 'certificate.json'}")

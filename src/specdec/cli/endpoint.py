@@ -336,7 +336,7 @@ def run_certify(args: argparse.Namespace) -> int:
     from specdec.certify.endpoint.plan import make_plan
     from specdec.certify.endpoint.report import write_certificate
     from specdec.certify.endpoint.run import run_endpoint_certify
-    from specdec.certify.prompts import load_prompts
+    from specdec.certify.prompts import load_texts
     from specdec.endpoint.pairing import make_sides
 
     _refuse(
@@ -351,7 +351,7 @@ def run_certify(args: argparse.Namespace) -> int:
             "n_prompts": None,
         },
     )
-    texts = load_prompts(args.prompts or "builtin", 0).texts
+    texts = load_texts(args.prompts or "builtin", 0)
     plan = make_plan(
         texts,
         quick=args.quick,
