@@ -308,7 +308,7 @@ def test_an_edit_repeated_through_the_prediction_is_drafted_where_it_repeats(
     """A rename through a text (one token replaced by two wherever it occurs): after the
     first occurrence the edit is replayed, so the later ones are drafted and kept instead of
     each costing a rejected draft (the fixture: with replays switched off, every use does)."""
-    from specdec.drafters import prediction
+    from specdec.drafters import prediction_state
 
     old, new = 50, (60, 61)
     pred = [t for i in range(8) for t in (*range(10 + 5 * i, 15 + 5 * i), old)]  # 8 uses
@@ -319,7 +319,7 @@ def test_an_edit_repeated_through_the_prediction_is_drafted_where_it_repeats(
         return sum(kept < d for d, kept in rounds)
 
     assert rejected() <= 3  # the first use (and its rejoin), not all 8
-    monkeypatch.setattr(prediction, "EDIT_MIN_RATE", 2.0)  # no edit is ever replayed
+    monkeypatch.setattr(prediction_state, "EDIT_MIN_RATE", 2.0)  # no edit is ever replayed
     assert rejected() >= 8
 
 
