@@ -46,6 +46,7 @@ from typing import Any
 from specdec.core.drafter import Drafter
 from specdec.core.sampling import SamplingConfig, make_generator
 from specdec.drafters.planned import BUCKETS, PlannedSuffixDrafter, bucket_of
+from specdec.drafters.prediction_state import kept_prefix
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
 from specdec.profiler.measure import model_free_probe, round_walk_probe
 from specdec.profiler.predict import ProbeSequence, best_length_plan, plan_seconds, simulate
@@ -77,16 +78,6 @@ def load_curve(path: Path, setting: str = "default", n_max: int = 16) -> tuple[f
         w = 0.0 if hi == lo else (n - lo) / (hi - lo)
         out.append(med[lo] + w * (med[hi] - med[lo]))
     return tuple(out)
-
-
-def matched(draft: Sequence[int], future: Sequence[int]) -> int:
-    """Leading draft tokens equal to the target's own next tokens (what greedy keeps)."""
-    n = 0
-    for a, b in zip(draft, future, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def replay(drafter: Drafter, trace: Trace, k: int, costs: Costs) -> tuple[float, list[int]]:
@@ -194,7 +185,7 @@ def bucket_rates(traces: Sequence[Trace]) -> tuple[list[tuple[int, int]], list[t
             draft = d.propose(prompt + out[:t], 16, GREEDY, gen).tokens
             if not draft:
                 continue
-            b, m = bucket_of(d.last_match_len), matched(draft, out[t:])
+            b, m = bucket_of(d.last_match_len), kept_prefix(draft, out[t:])  # what greedy keeps
             first[b] = (first[b][0] + int(m >= 1), first[b][1] + 1)
             tried = min(len(draft), m + 1) - 1  # continuation tokens that were tested
             cont[b] = (cont[b][0] + min(m, len(draft)) - int(m >= 1), cont[b][1] + max(0, tried))
