@@ -66,6 +66,10 @@ SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
         {"flash_attn": True, "type_k": "q8_0", "type_v": "f16"},
     ),
     "ri_kv_f16_f16": ({"GGML_CPU_REPACK_ROW_INVARIANT": "1"}, {"flash_attn": True}),
+    # the row-invariant kernels with llama.cpp's default attention (no flash attention, the
+    # F16 cache): its products on F16 run llamafile's sgemm from 2 rows, so rows differ
+    # unless the build keeps sgemm out of row-invariant mode (patch version 4)
+    "ri_noflash": ({"GGML_CPU_REPACK_ROW_INVARIANT": "1"}, {}),
     "hf_float32": ({}, {"dtype": "float32"}),
     "hf_bfloat16": ({}, {"dtype": "bfloat16"}),
 }
