@@ -261,33 +261,33 @@ def test_top2_gap() -> None:
 def test_code_predict_prompts_come_with_their_predictions() -> None:
     """``--prompts code_predict``: the texts and, in the same order, their predictions; a set
     without predictions gives None."""
-    from specdec.certify.prompts import load_prompts
+    from specdec.certify.prompts import load_certify_prompts
 
-    loaded = load_prompts("code_predict", 5)
+    loaded = load_certify_prompts("code_predict", 5)
     texts, predictions = loaded.texts, loaded.predictions
     assert predictions is not None and len(texts) == len(predictions) == 5
     assert all(p for p in predictions) and "prediction" in loaded.where
     assert all(p in t for t, p in zip(texts, predictions, strict=True))  # the code edited
-    assert load_prompts("spec_bench", 5).predictions is None
-    assert len(load_prompts("spec_bench", 5).texts) == 5
+    assert load_certify_prompts("spec_bench", 5).predictions is None
+    assert len(load_certify_prompts("spec_bench", 5).texts) == 5
 
 
 def test_a_prompt_file_is_read_once_with_its_predictions(tmp_path: Path) -> None:
     """A user's JSONL file: texts and predictions in order, the first n; a file without any
     prediction gives None; plain text is one prompt per line; an empty file is an error."""
-    from specdec.certify.prompts import load_prompts
+    from specdec.certify.prompts import load_certify_prompts
     from specdec.errors import ConfigError
 
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "a"}\n{"prompt": "b", "prediction": "x"}\n{"text": "c"}\n')
-    loaded = load_prompts(str(f), 2)
+    loaded = load_certify_prompts(str(f), 2)
     assert loaded.texts == ["a", "b"] and loaded.predictions == [None, "x"]
     assert loaded.where == str(f)
-    assert load_prompts(str(f), 0).texts == ["a", "b", "c"]
+    assert load_certify_prompts(str(f), 0).texts == ["a", "b", "c"]
     g = tmp_path / "p.txt"
     g.write_text("one\n\ntwo\n")
-    assert load_prompts(str(g), 0) == type(loaded)(["one", "two"], None, str(g))
+    assert load_certify_prompts(str(g), 0) == type(loaded)(["one", "two"], None, str(g))
     empty = tmp_path / "e.txt"
     empty.write_text("\n")
     with pytest.raises(ConfigError, match="holds no prompts"):
-        load_prompts(str(empty), 0)
+        load_certify_prompts(str(empty), 0)

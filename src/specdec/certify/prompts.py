@@ -42,7 +42,7 @@ class CertifyPrompts:
     where: str
 
 
-def load_prompts(source: str | None, n: int) -> CertifyPrompts:
+def load_certify_prompts(source: str | None, n: int) -> CertifyPrompts:
     """Up to n prompts (all of them for n <= 0), read once.
 
     source: None or "builtin" (the handful above), "spec_bench" (the packaged set, n prompts
@@ -55,7 +55,7 @@ def load_prompts(source: str | None, n: int) -> CertifyPrompts:
 
 
 def load_texts(source: str | None, n: int) -> list[str]:
-    """The texts of ``load_prompts(source, n)``."""
+    """The texts of ``load_certify_prompts(source, n)``."""
     return _read(source, n)[0]
 
 

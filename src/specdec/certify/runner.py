@@ -145,7 +145,7 @@ def run_certificate(
     loader() returns (draft or drafter, target) and is called only when Level 3 or the probe
     runs; a backend fault named in cfg.fault is applied to what it returns. ``prompts``: the
     prompts of Level 3 and the probe, read by the caller before the run (the CLI reads
-    cfg.prompts_source with ``prompts.load_prompts``, so that a bad prompt file fails before
+    cfg.prompts_source with ``prompts.load_certify_prompts``, so that a bad prompt file fails before
     the first level). ``progress`` receives one-line status messages (the CLI prints them to
     stderr).
     """

@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         return run_endpoint_certify(args)
     from specdec.certify.common import FAIL
     from specdec.certify.plan import make_plan, parse_levels
-    from specdec.certify.prompts import load_prompts
+    from specdec.certify.prompts import load_certify_prompts
     from specdec.certify.runner import CertifyConfig, model_label, run_certificate
     from specdec.pairs import draft_label, load_pair
 
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
         command=_command(args),
     )
     # read before the first level runs, so that a bad prompt file fails at once
-    read_prompts = load_prompts(prompts, plan.prompts) if needs_models else None
+    read_prompts = load_certify_prompts(prompts, plan.prompts) if needs_models else None
     if needs_models:
         quiet_libraries()
 
