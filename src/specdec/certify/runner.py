@@ -145,14 +145,17 @@ def run_certificate(
     loader() returns (draft or drafter, target) and is called only when Level 3 or the probe
     runs; a backend fault named in cfg.fault is applied to what it returns. ``prompts``: the
     prompts of Level 3 and the probe, read by the caller before the run (the CLI reads
-    cfg.prompts_source with ``prompts.load_certify_prompts``, so that a bad prompt file fails before
-    the first level). ``progress`` receives one-line status messages (the CLI prints them to
-    stderr).
+    cfg.prompts_source with ``prompts.load_certify_prompts``, so that a bad prompt file fails
+    before the first level). ``progress`` receives one-line status messages (the CLI prints
+    them to stderr).
     """
     say = progress or (lambda _msg: None)
     needs_models = "3" in cfg.levels or "probe" in cfg.levels
     if needs_models and prompts is None:
-        raise ConfigError("level 3 and the probe need prompts")
+        raise ConfigError(
+            "level 3 and the probe need prompts (certify.prompts.load_certify_prompts reads "
+            "cfg.prompts_source)"
+        )
     header = cfg.header()
     log = ProgressLog(
         cfg.out_dir / PROGRESS_FILE if cfg.out_dir else None, header, resume=cfg.resume
