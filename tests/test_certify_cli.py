@@ -265,3 +265,26 @@ def test_a_llama_cpp_certificate_names_the_build_that_ran(monkeypatch: pytest.Mo
     monkeypatch.setattr(lib_identity, "loaded", lambda: None)  # nothing mapped: nothing said
     assert "ggml_cpu" not in (runtime_info(SimpleNamespace(exact=True)) or {})
     assert "ggml_cpu" not in (runtime_info(SimpleNamespace(dtype="float32")) or {})
+
+
+def test_run_certificate_without_the_prompts_its_levels_need_is_refused() -> None:
+    """The prompts are read at the edge (the CLI, ``certify_models``); a caller of
+    ``run_certificate`` that asks for level 3 or the probe without them gets one ConfigError
+    before anything runs (the loader is never called)."""
+    from specdec.certify.plan import make_plan
+    from specdec.certify.runner import CertifyConfig, run_certificate
+    from specdec.errors import ConfigError
+
+    def loader() -> None:
+        raise AssertionError("no model may load")
+
+    for levels in (("3",), ("probe",)):
+        cfg = CertifyConfig(
+            levels=levels,
+            plan=make_plan(quick=True, seed=0, alpha=0.01),
+            quick=True,
+            seed=0,
+            alpha=0.01,
+        )
+        with pytest.raises(ConfigError, match="need prompts"):
+            run_certificate(cfg, loader)  # type: ignore[arg-type]
