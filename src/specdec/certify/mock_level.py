@@ -253,7 +253,7 @@ def run_level2(cfg: Level2Config, *, log: ProgressLog | None = None) -> Level2Re
     """Greedy bit-exactness and sampled goodness of fit of the decoding loop on mocks."""
     t0 = time.perf_counter()
     res = Level2Result(cfg)
-    log = log or ProgressLog.memory()
+    log = ProgressLog.memory() if log is None else log
     seeds = SeedPlan(cfg.seed)
     res.greedy = run_greedy(cfg, seeds, log)
     res.tests = apply_holm(run_sampled(cfg, seeds, log), cfg.alpha, cfg.power)

@@ -588,7 +588,7 @@ def run_level3(
     prediction in front of the draft (``drafters.prediction``; a fresh drafter each)."""
     say = progress or (lambda _msg: None)
     res = Level3Result(cfg, draft_label, target_label)
-    log = log or ProgressLog.memory()
+    log = ProgressLog.memory() if log is None else log
     seeds = SeedPlan(cfg.seed)
     if "probe" in parts:
         t0 = time.perf_counter()

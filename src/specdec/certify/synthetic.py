@@ -350,7 +350,7 @@ def run_level1(
     """Run the exact and Monte Carlo checks of the walk (``walk_fn``: the walk under test)."""
     t0 = time.perf_counter()
     res = Level1Result(cfg)
-    log = log or ProgressLog.memory()
+    log = ProgressLog.memory() if log is None else log
     seeds = SeedPlan(cfg.seed)
     gen = seeds.generator("level1-exact")
     for kind in cfg.kinds:
