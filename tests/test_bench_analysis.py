@@ -11,9 +11,7 @@ import pytest
 
 from specdec.bench.analysis import (
     ConfigSummary,
-    Spread,
     attach_speedups,
-    cluster_bootstrap_geomean,
     diagnose,
     fill_acceptance,
     overall_rate,
@@ -26,6 +24,7 @@ from specdec.bench.analysis import (
     verdict,
 )
 from specdec.bench.results import read_results
+from specdec.stats.bootstrap import Spread, cluster_bootstrap_geomean
 from specdec.theory import predicted_speedup
 
 

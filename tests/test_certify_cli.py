@@ -215,9 +215,9 @@ def test_cli_fault_list_matches_the_package() -> None:
 
 def test_cli_threshold_defaults_are_the_packages() -> None:
     """The CLI's --alpha and --tie-gap defaults (literal, for the same reason) are the
-    thresholds of specdec.certify.stats.thresholds."""
-    from specdec.certify.stats.thresholds import ALPHA, TIE_GAP_NATS
+    thresholds of specdec.stats.thresholds."""
     from specdec.cli import build_parser
+    from specdec.stats.thresholds import ALPHA, TIE_GAP_NATS
 
     args = build_parser(["certify"]).parse_args(["certify"])
     assert args.alpha == ALPHA and args.tie_gap == TIE_GAP_NATS

@@ -14,13 +14,13 @@ from specdec.certify.faults import BatchVariantLM
 from specdec.certify.invariance import batch_invariance
 from specdec.certify.prefix_cache import PrefixReuseLM
 from specdec.certify.shape_matched import shape_matched_generate
-from specdec.certify.stats.chisquare import chisquare_gof
 from specdec.core.loop import generate
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import ConfigError
 from specdec.mock_runs import exact_window_distribution
 from specdec.models.mock import MockLM, mock_pair
+from specdec.stats.chisquare import chisquare_gof
 
 
 @pytest.fixture(autouse=True)

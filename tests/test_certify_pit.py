@@ -1,4 +1,4 @@
-"""The per-token test's math (specdec.certify.stats): the randomised PIT is exact, the
+"""The per-token test's math (specdec.stats): the randomised PIT is exact, the
 uniformity tests hold their level, and the stated power is what simulation gives.
 
 Thresholds (fixed before running): alpha 0.01; simulated rates are compared with the target
@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.certify.stats.alternatives import (
+from specdec.stats.alternatives import (
     alternatives,
     common_uniforms,
     min_detectable_tv,
     simulated_power,
 )
-from specdec.certify.stats.intervals import sequence_mean_interval
-from specdec.certify.stats.pit import draw_v, order_keys, pit_values
-from specdec.certify.stats.uniformity import UniformityResult, reject_many, uniformity_test
+from specdec.stats.intervals import sequence_mean_interval
+from specdec.stats.pit import draw_v, order_keys, pit_values
+from specdec.stats.uniformity import UniformityResult, reject_many, uniformity_test
 
 
 def _se(p: float, n: int) -> float:

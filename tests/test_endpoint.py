@@ -410,7 +410,7 @@ def test_a_group_measured_again_after_a_crash_replaces_the_partial_one() -> None
 
 
 def test_the_power_check_shift_has_the_stated_tv_also_with_a_dominant_category() -> None:
-    from specdec.certify.stats.simulated import hardest_alternative
+    from specdec.stats.simulated import hardest_alternative
 
     for p in (np.array([0.25, 0.25, 0.25, 0.25]), np.array([0.8, 0.1, 0.06, 0.04])):
         alt = hardest_alternative(p, 0.15)

@@ -73,3 +73,45 @@ def test_load_takes_every_model_option_under_its_own_name() -> None:
     for f in dataclasses.fields(ModelOptions):
         assert f.name in keywords, f.name
         assert keywords[f.name].default == f.default, f.name
+
+
+def test_k_left_to_the_pair_is_decided_in_one_place() -> None:
+    """``Pair.default_k``: the profile's policy for a pair it chose (not for a prediction),
+    PLANNED_K for planned drafts and predictions, DEFAULT_K for a named drafter; the API runs
+    it (the server and the command line pass K through as None)."""
+    from specdec.api import Pair
+    from specdec.pairs import DEFAULT_K, PLANNED_K
+
+    named_draft, target = load_pair("suffix", ModelConfig("mock:target:16", backend="mock"))
+    from specdec.theory import Costs
+
+    flat = Costs(verify_s=tuple(1.0 + 0.02 * n for n in range(65)), prefill_tps=1e3)
+    planned, _ = load_pair(
+        "planned", ModelConfig("mock:target:16", backend="mock"), costs=lambda *_: flat
+    )
+
+    class Choice:
+        def policy(self) -> object:
+            raise AssertionError("not asked here")
+
+    assert Pair(target, named_draft).default_k() == DEFAULT_K
+    assert Pair(target, named_draft).default_k(prediction=True) == PLANNED_K
+    assert Pair(target, planned).default_k() == PLANNED_K
+    assert Pair(target, None).default_k() == DEFAULT_K  # no drafter: plain whatever K
+    chosen = Pair(target, planned, Choice())  # type: ignore[arg-type]
+    assert chosen.default_k() is None  # the profile's policy decides
+    assert chosen.default_k(prediction=True) == PLANNED_K
+    # the request runs what default_k says: a planned pair's drafts may be longer than 6
+    text = "alpha beta gamma delta " * 12
+    done = Pair(target, planned).generate(text, raw=True, max_new_tokens=40, stop_on_eos=False)
+    assert max(r.k for r in done.result.rounds) > DEFAULT_K
+
+
+def test_a_raw_request_takes_no_system_prompt_or_messages() -> None:
+    from specdec.request import make_request
+
+    with pytest.raises(ConfigError, match="raw prompt takes no system prompt"):
+        make_request("x", raw=True, system="Be brief.")
+    with pytest.raises(ConfigError, match="raw prompt takes no system prompt"):
+        make_request("x", raw=True, messages=[{"role": "user", "content": "hi"}])
+    assert make_request("x", raw=True).chat is False

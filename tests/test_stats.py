@@ -1,4 +1,4 @@
-"""specdec.certify.stats on known cases. Everything is seeded; thresholds are stated per test and
+"""specdec.stats on known cases. Everything is seeded; thresholds are stated per test and
 were fixed before running (simulation tolerances are about 3 binomial standard errors)."""
 
 from __future__ import annotations
@@ -9,26 +9,26 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from specdec.certify.stats.chisquare import (
+from specdec.stats.chisquare import (
     chisquare_gof,
     chisquare_homogeneity,
     combine_chisquare,
     pool_rare,
 )
-from specdec.certify.stats.multiple import bonferroni_adjust, holm_adjust, holm_reject
-from specdec.certify.stats.power import (
+from specdec.stats.multiple import bonferroni_adjust, holm_adjust, holm_reject
+from specdec.stats.power import (
     chisquare_power,
     min_detectable_tv_combined,
     min_detectable_tv_gof,
     min_detectable_tv_homogeneity,
     ncp_for_power,
 )
-from specdec.certify.stats.simulated import (
+from specdec.stats.simulated import (
     hardest_alternative,
     simulated_power_gof,
     simulated_power_homogeneity,
 )
-from specdec.certify.stats.tv import (
+from specdec.stats.tv import (
     softmax_tv_bound,
     tv_distance,
     tv_one_sample,

@@ -21,8 +21,8 @@ import torch
 
 from specdec.certify.endpoint.greedy import compare_greedy
 from specdec.certify.endpoint.sampled import joint_holm
-from specdec.certify.stats.multiple import holm_adjust
 from specdec.endpoint.client import Reply
+from specdec.stats.multiple import holm_adjust
 
 TIE = 0.1  # --tie-gap, fixed before any of these replies
 
@@ -93,7 +93,7 @@ def test_a_nan_p_value_is_rejected_not_passed() -> None:
     compares false with alpha: not rejected. It counts as 0."""
     assert list(holm_adjust([math.nan, 0.5])) == [0.0, 0.5]
     from specdec.certify.endpoint.pertoken import EndpointPerTokenResult
-    from specdec.certify.stats.uniformity import UniformityResult
+    from specdec.stats.uniformity import UniformityResult
 
     def per_token(impossible: int, p: float) -> EndpointPerTokenResult:
         u = UniformityResult(100, impossible, 0.0, p, 0.0, p, 20, 0.01, 0.0, 0.0)

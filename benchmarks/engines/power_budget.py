@@ -4,13 +4,13 @@ finds with 80 % probability at the level of Holm's first step (alpha 0.01 over 5
 
 - Sampled statistics (any server): the combined chi-square over P prompts; the smallest TV
   on the pooled categories, present in every prompt (``min_detectable_tv_combined`` of
-  ``specdec.certify.stats.power``),
+  ``specdec.stats.power``),
   for 4 and for 10 degrees of freedom per prompt (what pooling leaves depends on the data:
   the llama-server certificates under benchmarks/results/engines have 1-4 per prompt, their
   summed dof over the prompts, at 55-120 requests).
 - Per-token test (servers with token ids and prompt logprobs, e.g. vLLM): P * s * L tokens
   (L = 8 tokens per request), the simulated smallest per-token TV for the three stated
-  shapes (``min_detectable_tv`` of ``specdec.certify.stats.alternatives``, 200 trials).
+  shapes (``min_detectable_tv`` of ``specdec.stats.alternatives``, 200 trials).
 
 Requests: 2 P s sampled, plus P s scoring requests with the per-token test.
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.certify.endpoint.pertoken import ALTERNATIVES
-from specdec.certify.stats.alternatives import alternatives, common_uniforms, min_detectable_tv
-from specdec.certify.stats.power import min_detectable_tv_combined
+from specdec.stats.alternatives import alternatives, common_uniforms, min_detectable_tv
+from specdec.stats.power import min_detectable_tv_combined
 
 ALPHA = 0.01
 FAMILY = 5

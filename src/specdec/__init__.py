@@ -24,7 +24,8 @@ from specdec.errors import (
 )
 
 if TYPE_CHECKING:
-    from specdec.api import Comparison, Completion, Pair, TextStream, load
+    from specdec.api import Pair, load
+    from specdec.completion import Comparison, Completion, TextStream
     from specdec.core.loop import generate, generate_stream
     from specdec.core.result import GenerationResult
     from specdec.core.sampling import SamplingConfig
@@ -35,9 +36,9 @@ _LAZY: Mapping[str, str] = MappingProxyType(
     {
         "load": "specdec.api",
         "Pair": "specdec.api",
-        "Comparison": "specdec.api",
-        "Completion": "specdec.api",
-        "TextStream": "specdec.api",
+        "Comparison": "specdec.completion",
+        "Completion": "specdec.completion",
+        "TextStream": "specdec.completion",
         "generate": "specdec.core.loop",
         "generate_stream": "specdec.core.loop",
         "GenerationResult": "specdec.core.result",

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
+from specdec.completion import Comparison, Completion, TextStream
 from specdec.configuration import MACHINE_DEFAULT, Configuration, measured_costs, resolve
 from specdec.core.detokenize import IncrementalDecoder
 from specdec.core.drafter import Drafter
-from specdec.core.loop import Generation, as_drafter, generate_stream
+from specdec.core.loop import as_drafter, generate_stream
 from specdec.core.model import CausalLM
 from specdec.core.policy import FixedK, KPolicy, capped_adaptive_k
-from specdec.core.result import GenerationResult, Round
-from specdec.core.stops import StopMatcher
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.errors import ConfigError
@@ -40,173 +39,13 @@ from specdec.pairs import (
 from specdec.prompting import Message, check_text, encode_request, encode_text
 from specdec.request import GenerationRequest, make_request
 from specdec.theory import Costs
+from specdec.util.signatures import drained
 
 if TYPE_CHECKING:
     from specdec.profiler.auto import AutoChoice
 
-
-@dataclasses.dataclass
-class Completion:
-    """What ``Pair.generate`` returns: the text, and the full ``GenerationResult`` (token ids,
-    rounds, acceptance by position, time split) as ``result``. ``str(c)`` is the text.
-
-    The text ends right before the first stop string (``finish_reason`` "stop"); the
-    end-of-sequence token ends the generation but adds no text. ``tokens`` are all the tokens
-    generated, including those a stop string cut from the text."""
-
-    text: str
-    result: GenerationResult
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.result.tokens
-
-    @property
-    def finish_reason(self) -> str:
-        """ "eos", "length", "context", "stop" (a stop string) or "cancelled"."""
-        return self.result.finish_reason
-
-    @property
-    def stats(self) -> dict[str, Any]:
-        """The result as a JSON-ready dict (``GenerationResult.to_dict``)."""
-        return self.result.to_dict()
-
-    def to_dict(self) -> dict[str, Any]:
-        """``stats`` with the text."""
-        return {**self.stats, "text": self.text}
-
-    def __str__(self) -> str:
-        return self.text
-
-
-@dataclasses.dataclass
-class Comparison:
-    """What ``Pair.compare`` returns: one request decoded plainly (k=0) and as configured, on
-    the same loaded models, one after the other; ``greedy``: the request was greedy (so
-    the outputs must be identical where the numerics are exact)."""
-
-    plain: Completion
-    speculative: Completion
-    greedy: bool = True
-
-    @property
-    def speedup(self) -> float:
-        """Wall clock including prefill, per generated token: speculative / plain."""
-        s, p = self.speculative.result, self.plain.result
-        return s.e2e_tokens_per_second / p.e2e_tokens_per_second
-
-    @property
-    def decode_speedup(self) -> float:
-        """Decode tokens/s (prefill excluded): speculative / plain."""
-        return self.speculative.result.tokens_per_second / self.plain.result.tokens_per_second
-
-    @property
-    def identical(self) -> bool:
-        """The same output: the same tokens, or the same text where both ended at a stop
-        string (the tokens after a stop string are not output)."""
-        s, p = self.speculative, self.plain
-        if s.finish_reason == p.finish_reason == "stop":
-            return s.text == p.text
-        return s.tokens == p.tokens
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "plain": self.plain.stats,
-            "speculative": self.speculative.stats,
-            "speedup": self.speedup,
-            "decode_speedup": self.decode_speedup,
-            "identical_output": self.identical,
-            "text": self.speculative.text,
-        }
-
-    def report(self, label: str) -> list[str]:
-        """For people: the stats line of each run (the speculative one under ``label``), then
-        the speedups and whether the outputs are identical, with why where greedy ones differ."""
-        p, s = self.plain.result, self.speculative.result
-        why = ""
-        if not self.identical and self.greedy:
-            why = (
-                " (a bug: exact numerics must give plain decoding's tokens)"
-                if s.extra.get("exact")
-                else " (a near-tie that llama.cpp's batched kernels flip: --exact makes "
-                "speculative output plain decoding's, bit for bit)"
-            )
-        return [
-            p.summary("plain"),
-            s.summary(label),
-            f"[specdec] speedup {self.speedup:.2f}x wall clock ({p.e2e_tokens_per_second:.2f} -> "
-            f"{s.e2e_tokens_per_second:.2f} tok/s incl. prefill), decode {self.decode_speedup:.2f}x"
-            f" ({p.tokens_per_second:.1f} -> {s.tokens_per_second:.1f} tok/s), on the same loaded "
-            f"model; outputs identical: {'yes' if self.identical else 'no'}{why}",
-        ]
-
-
-@dataclasses.dataclass
-class TextDelta:
-    """The text one round added (possibly "": a character or a stop string is incomplete) and
-    the round (None for the text released when the generation ends)."""
-
-    text: str
-    round: Round | None
-
-
-class TextStream:
-    """Iterate for text pieces as rounds are accepted (``deltas()`` for one entry per round);
-    ``completion`` is set at the end (``run()`` drains the stream and returns it); ``cancel()``
-    ends it between rounds. With stop strings, no text at or after the first stop string is
-    ever yielded, and the generation ends at the round that completes it."""
-
-    def __init__(
-        self,
-        generation: Generation,
-        decoder: IncrementalDecoder,
-        stops: Sequence[str] = (),
-        hidden: frozenset[int] = frozenset(),
-    ) -> None:
-        self.generation = generation
-        self._decoder = decoder
-        self._stops = StopMatcher(stops)
-        self._hidden = hidden  # token ids that add no text (end-of-sequence)
-        self._text: list[str] = []
-        self.completion: Completion | None = None
-
-    def __iter__(self) -> Iterator[str]:
-        for delta in self.deltas():
-            if delta.text:
-                yield delta.text
-
-    def deltas(self) -> Iterator[TextDelta]:
-        for rnd in self.generation:
-            shown = [t for t in rnd.tokens if t not in self._hidden]
-            piece = self._shown(self._stops.push(self._decoder.push(shown)))
-            if self._stops.stopped:
-                self.generation.stop("stop")  # no further round runs
-            yield TextDelta(piece, rnd)
-        tail = "" if self._stops.stopped else self._stops.push(self._decoder.flush())
-        tail = self._shown(tail + self._stops.flush())
-        if tail:
-            yield TextDelta(tail, None)
-        result = self.generation.result
-        assert result is not None
-        if self._stops.stopped and result.finish_reason != "stop":  # found in the last text
-            result = dataclasses.replace(result, finish_reason="stop")
-        self.completion = Completion("".join(self._text), result)
-
-    def _shown(self, piece: str) -> str:
-        self._text.append(piece)
-        return piece
-
-    def cancel(self) -> GenerationResult:
-        """End the generation after the round in progress (finish_reason "cancelled")."""
-        return self.generation.stop("cancelled")
-
-    def run(self, on_text: Callable[[str], None] | None = None) -> Completion:
-        """Drain the stream (each piece to ``on_text`` when given) and return the completion."""
-        for piece in self:
-            if on_text is not None:
-                on_text(piece)
-        assert self.completion is not None
-        return self.completion
+# Completion, Comparison and TextStream (specdec.completion) are part of this module's API
+__all__ = ["Comparison", "Completion", "Pair", "TextStream", "load"]
 
 
 _P = ParamSpec("_P")
@@ -321,28 +160,35 @@ class Pair:
             parse_special=request.parse_special,
         )
 
+    def default_k(self, prediction: bool = False) -> int | None:
+        """K for a request that leaves it to the pair (the one place this is decided, for
+        the API, the command line and the server): None where the profile's policy decides
+        (a pair it chose, without a prediction); PLANNED_K for planned drafts and
+        predictions, which size their drafts themselves below it; else DEFAULT_K."""
+        if self.auto is not None and not prediction:
+            return None
+        planned = isinstance(self.draft, PlannedSuffixDrafter) or prediction
+        return PLANNED_K if planned else DEFAULT_K
+
     stream = _streaming(make_request)
 
     def stream_request(self, request: GenerationRequest) -> TextStream:
         """Start the generation of a checked request (``specdec.request.make_request``: the
         arguments of ``stream``); iterate the returned ``TextStream`` for text pieces."""
         ids = self.prompt_ids(request)
-        k, prediction, max_new_tokens = request.k, request.prediction, request.max_new_tokens
-        policy: KPolicy
+        prediction, max_new_tokens = request.prediction, request.max_new_tokens
         drafter: CausalLM | Drafter | None = self.draft
         if prediction is not None:
             drafter = self.prediction_drafter(prediction, parse_special=request.parse_special)
-        if k is None and self.auto is not None and prediction is None:
+        k = request.k if request.k is not None else self.default_k(prediction is not None)
+        policy: KPolicy
+        if k is None:
+            assert self.auto is not None
             policy = self.auto.policy()
+        elif request.adaptive and k > 0:
+            policy = capped_adaptive_k(k, max_new_tokens, self.target.n_ctx)
         else:
-            if k is None:  # planned drafts (and predictions) size themselves: K only caps them
-                planned = isinstance(self.draft, PlannedSuffixDrafter) or prediction is not None
-                k = PLANNED_K if planned else DEFAULT_K
-            policy = (
-                capped_adaptive_k(k, max_new_tokens, self.target.n_ctx)
-                if request.adaptive and k > 0
-                else FixedK(k)
-            )
+            policy = FixedK(k)
         plain = isinstance(policy, FixedK) and policy.k == 0  # no draft prefill either
         generation = generate_stream(
             self.target,
@@ -358,23 +204,7 @@ class Pair:
         decoder = IncrementalDecoder(self.target.tokenizer)
         return TextStream(generation, decoder, request.stops, hidden)
 
-    def _drained(  # type: ignore[misc]
-        stream: Callable[Concatenate[Pair, _P], TextStream],
-    ) -> Callable[Concatenate[Pair, _P], Completion]:
-        def generate(self: Pair, *args: _P.args, **kwargs: _P.kwargs) -> Completion:
-            return stream(self, *args, **kwargs).run()
-
-        generate.__doc__ = (
-            "Generate to the end and return a ``Completion`` (text + stats); the arguments "
-            "are those of ``stream``:\n\n" + (stream.__doc__ or "")
-        )
-        generate.__signature__ = inspect.signature(stream).replace(  # type: ignore[attr-defined]
-            return_annotation="Completion"
-        )
-        return generate
-
-    generate = _drained(stream)
-    del _drained
+    generate = drained(stream, "Completion", "stream")
 
     def compare(
         self,
@@ -466,17 +296,8 @@ def load(
     log:             hears about a profile that ``auto`` runs first, and when the target's
                      costs are measured (for a planned drafter, or a request's prediction).
     """
-    options = ModelOptions(
-        target_backend=target_backend,
-        draft_backend=draft_backend,
-        device=device,
-        dtype=dtype,
-        draft_device=draft_device,
-        draft_dtype=draft_dtype,
-        n_ctx=n_ctx,
-        n_threads=n_threads,
-        exact=exact,
-    )
+    given = locals()  # the model keywords by name: ModelOptions' fields (a test keeps them one)
+    options = ModelOptions(**{f.name: given[f.name] for f in dataclasses.fields(ModelOptions)})
     config = resolve(  # what to run, and why: the one place the profile decides
         target,
         draft,

@@ -90,7 +90,9 @@ def make_request(
     raw:            the text as it is, without the chat template.
     max_new_tokens: the most tokens to generate (>= 1).
     k:              drafts per round (0 = plain decoding; the maximum with adaptive);
-                    None: the profile's adaptive choice for an auto pair, else 6.
+                    None: the pair decides (``Pair.default_k``: the profile's policy
+                    for a pair it chose, drafts sized below 64 for planned drafts and
+                    predictions, else 6).
     adaptive:       choose K each round from the measured acceptance and costs.
     temperature:    0 = greedy (the target's own argmax output); > 0 samples.
     top_k, top_p:   truncation (0 and 1 disable), applied to draft and target alike.
@@ -121,6 +123,8 @@ def make_request(
     if prompt is None or isinstance(prompt, str):
         if raw and chat:
             raise ConfigError("raw=True and chat=True contradict each other")
+        if raw and (messages is not None or system is not None):
+            raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
         ids_or_text = prompt
     elif messages is not None or system is not None:
         raise ConfigError("token ids are used as they are: no messages or system prompt")

@@ -8,7 +8,8 @@ Conventions
   same configuration, mode, prompt and repeat (seed-paired, measured in the same run).
 - the point estimate of a (configuration, mode, K) cell is the geometric mean of its
   speedups; its 95 % CI is a percentile bootstrap that resamples prompts (all repeats of a
-  prompt travel together: repeats of one prompt are not independent samples of the content).
+  prompt travel together: repeats of one prompt are not independent samples of the content;
+  ``specdec.stats.bootstrap``).
 - positional acceptance pools counts: a_i = sum accepted_i / sum reached_i, which weights each
   round equally (averaging per-prompt rates would over-weight short generations).
 """
@@ -23,11 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from specdec.stats.bootstrap import Spread, spread
 from specdec.theory import predicted_speedup, predicted_speedup_from_rounds
 
 Record = dict[str, Any]
-N_BOOT = 2000
-BOOT_SEED = 12345
 
 
 def fill_acceptance(reached: Sequence[int], accepted: Sequence[int]) -> list[float]:
@@ -130,61 +130,6 @@ def attach_speedups(measurements: Iterable[Record]) -> list[Record]:
             continue
         out.append({**m, "speedup": tps / base})
     return out
-
-
-@dataclass
-class Spread:
-    """Summary of one cell's speedups (or any positive ratio)."""
-
-    n: int  # measurements
-    n_prompts: int  # independent units (prompts)
-    geomean: float
-    ci_low: float  # nan when fewer than two prompts
-    ci_high: float
-    median: float
-    q25: float
-    q75: float
-
-
-def cluster_bootstrap_geomean(
-    values: Sequence[float],
-    clusters: Sequence[str],
-    n_boot: int = N_BOOT,
-    seed: int = BOOT_SEED,
-    level: float = 0.95,
-) -> tuple[float, float]:
-    """Percentile-bootstrap CI (``level``, 95 % by default) of the geometric mean, resampling
-    whole clusters."""
-    assert 0.0 < level < 1.0
-    logs = np.log(np.asarray(values, dtype=np.float64))
-    ids = sorted(set(clusters))
-    if len(ids) < 2:
-        return float("nan"), float("nan")
-    index = {c: i for i, c in enumerate(ids)}
-    cl = np.array([index[c] for c in clusters])
-    sums = np.bincount(cl, weights=logs, minlength=len(ids))  # [C]
-    counts = np.bincount(cl, minlength=len(ids)).astype(np.float64)  # [C]
-    rng = np.random.default_rng(seed)
-    draw = rng.integers(0, len(ids), size=(n_boot, len(ids)))  # [B, C]
-    means = sums[draw].sum(axis=1) / counts[draw].sum(axis=1)  # [B]
-    lo, hi = np.percentile(means, [50.0 * (1.0 - level), 50.0 * (1.0 + level)])
-    return float(np.exp(lo)), float(np.exp(hi))
-
-
-def spread(values: Sequence[float], clusters: Sequence[str]) -> Spread:
-    v = np.asarray(values, dtype=np.float64)
-    lo, hi = cluster_bootstrap_geomean(values, clusters)
-    q25, med, q75 = np.percentile(v, [25, 50, 75])
-    return Spread(
-        n=len(v),
-        n_prompts=len(set(clusters)),
-        geomean=float(np.exp(np.mean(np.log(v)))),
-        ci_low=lo,
-        ci_high=hi,
-        median=float(med),
-        q25=float(q25),
-        q75=float(q75),
-    )
 
 
 Cell = tuple[str, str, int]  # (config, mode, k)

@@ -148,8 +148,10 @@ class Measurement:
         return (self.config, self.mode, self.prompt.id, self.repeat, self.k)
 
 
-def derive_seed(seed: int, prompt_id: str, repeat: int) -> int:
-    """A stable 31-bit seed for one (prompt, repeat) (independent of PYTHONHASHSEED)."""
+def prompt_seed(seed: int, prompt_id: str, repeat: int) -> int:
+    """A stable 31-bit seed for one (prompt, repeat) of a bench run (independent of
+    PYTHONHASHSEED; its values are those recorded runs used, so it keeps its own scheme beside
+    the certificate's ``certify.seeds.derive_seed``)."""
     h = hashlib.blake2b(f"{seed}\x00{prompt_id}\x00{repeat}".encode(), digest_size=8)
     return int.from_bytes(h.digest(), "little") & 0x7FFFFFFF
 
@@ -182,7 +184,7 @@ def measurements(
     out = []
     for repeat in range(plan.repeats):
         for prompt in prompts:
-            seed = derive_seed(plan.seed, prompt.id, repeat)
+            seed = prompt_seed(plan.seed, prompt.id, repeat)
             for mode in plan.modes:
                 for k in k_order(plan, prompt.id, repeat, mode, config_ks(plan, config)):
                     out.append(Measurement(config.label, mode, prompt, repeat, k, seed))

@@ -10,7 +10,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from specdec.bench.analysis import Cell, Spread
+from specdec.bench.analysis import Cell
+from specdec.stats.bootstrap import Spread
 
 SPLIT_PARTS = ("prefill", "draft", "verify", "sampling", "other")
 SPLIT_COLORS = ("#9e9e9e", "#4c72b0", "#dd8452", "#55a868", "#c44e52")

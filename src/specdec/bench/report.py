@@ -17,7 +17,6 @@ from specdec.bench.analysis import (
     Cell,
     ConfigSummary,
     Record,
-    Spread,
     against_baseline,
     attach_speedups,
     baseline_configs,
@@ -35,6 +34,7 @@ from specdec.bench.analysis import (
 )
 from specdec.bench.results import Results, read_results
 from specdec.errors import ConfigError
+from specdec.stats.bootstrap import Spread
 from specdec.theory import predicted_speedup
 
 REPORT_NAME = "report.md"

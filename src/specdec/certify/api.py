@@ -9,12 +9,12 @@ from pathlib import Path
 
 from specdec.core.drafter import Drafter
 from specdec.core.model import CausalLM
+from specdec.stats.thresholds import ALPHA
 
 from .plan import make_plan
 from .prompts import CertifyPrompts
 from .report import Certificate
 from .runner import CertifyConfig, run_certificate
-from .stats.thresholds import ALPHA
 
 
 def certify_models(

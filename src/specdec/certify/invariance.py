@@ -28,9 +28,9 @@ import torch
 from specdec.core.model import CausalLM
 from specdec.core.rows import probe_rows
 from specdec.errors import ConfigError
+from specdec.stats.thresholds import TIE_FACTOR
 
 from .common import worst
-from .stats.thresholds import TIE_FACTOR
 
 DEFAULT_NS: tuple[int, ...] = (2, 5, 9)
 

@@ -25,13 +25,13 @@ import numpy as np
 import torch
 
 from specdec.mock_runs import SampledSetup, greedy_runs, setup_windows
+from specdec.stats.chisquare import chisquare_gof
+from specdec.stats.family import TestRecord, apply_holm
+from specdec.stats.thresholds import ALPHA, POWER
 
 from .common import FAIL, PASS, first_difference, fmt
 from .progress import ProgressLog
 from .seeds import SeedPlan
-from .stats.chisquare import chisquare_gof
-from .stats.family import TestRecord, apply_holm
-from .stats.thresholds import ALPHA, POWER
 
 # ------------------------------------------------------------------ configuration
 # (a setup is run by ``mock_runs.setup_windows``)

@@ -39,8 +39,7 @@ from specdec.core.result import Round
 from specdec.core.rows import draft_rows, plain_rows, replay_rows
 from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.models.wrapped import WrappedLM
-
-from .stats.pit import draw_v, pit_in_chunks
+from specdec.stats.pit import draw_v, pit_in_chunks
 
 
 class RecordingLM(WrappedLM):

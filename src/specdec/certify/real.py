@@ -46,6 +46,11 @@ from specdec.core.model import CausalLM
 from specdec.core.rows import rows_both_ways
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.prediction import PredictionDrafter
+from specdec.stats.alternatives import PowerRow, power_table
+from specdec.stats.intervals import sequence_mean_interval
+from specdec.stats.thresholds import ALPHA, CONFIDENCE, N_BINS, PLAIN_TV_THRESHOLD, POWER
+from specdec.stats.tv import softmax_tv_bound
+from specdec.stats.uniformity import UniformityResult, uniformity_test
 
 from .common import FAIL, PASS, WARN, first_difference, fmt, worst
 from .invariance import InvarianceResult, batch_invariance
@@ -54,11 +59,6 @@ from .prefix_cache import PrefixReuseLM
 from .progress import ProgressLog
 from .seeds import SeedPlan
 from .shape_matched import shape_matched_generate
-from .stats.alternatives import PowerRow, power_table
-from .stats.intervals import sequence_mean_interval
-from .stats.thresholds import ALPHA, CONFIDENCE, N_BINS, PLAIN_TV_THRESHOLD, POWER
-from .stats.tv import softmax_tv_bound
-from .stats.uniformity import UniformityResult, uniformity_test
 
 
 @dataclass(frozen=True)

@@ -36,14 +36,14 @@ import torch
 from specdec.core import rejection
 from specdec.core.rejection import RandomSource, TorchRandom, enumerate_outcomes
 from specdec.core.sampling import SamplingConfig, logits_to_probs
+from specdec.stats.chisquare import chisquare_gof
+from specdec.stats.family import TestRecord, apply_holm
+from specdec.stats.thresholds import ALPHA, EXACT_TOL, POWER
 
 from .common import FAIL, PASS, fmt
 from .common import worst as worst_of
 from .progress import ProgressLog
 from .seeds import SeedPlan
-from .stats.chisquare import chisquare_gof
-from .stats.family import TestRecord, apply_holm
-from .stats.thresholds import ALPHA, EXACT_TOL, POWER
 
 WalkFn = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, RandomSource], tuple[int, int]]
 

@@ -24,7 +24,7 @@ from specdec.pairs import DEFAULT_TARGET
 from specdec.util.printable import printable
 
 if TYPE_CHECKING:
-    from specdec.api import Comparison
+    from specdec.completion import Comparison
 
 DEMO_TASK = "code_predict:rename_1"
 

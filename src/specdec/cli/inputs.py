@@ -8,7 +8,6 @@ device is an error, not a hang."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import TYPE_CHECKING
 
 from specdec.errors import ConfigError
@@ -24,20 +23,13 @@ MAX_TEXT_FILE = 16 << 20  # bytes of a prompt or prediction read at most
 def read_inputs(args: argparse.Namespace) -> GenerationRequest:
     """The prompt, messages, prediction and decoding options of the command line as one
     request (the prompt as text: the pair encodes it once loaded), or one ConfigError."""
-    from specdec.request import make_request  # torch: not for --help
+    from specdec.core.sampling import SamplingConfig  # torch: not for --help
+    from specdec.request import check_limits, make_request
 
-    options = make_request(  # the decoding options, checked before any file is read
-        max_new_tokens=args.max_new_tokens,
-        k=args.k,
-        adaptive=args.adaptive,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        stop_on_eos=not args.no_stop,
-        stop=args.stop,
-        parse_special=args.parse_special,  # the prompt's, the messages' and the prediction's
-    )
+    # the decoding options' own checks before any file or standard input is read (make_request
+    # builds the request from everything at the end)
+    check_limits(k=args.k, max_new_tokens=args.max_new_tokens)
+    SamplingConfig(args.temperature, args.top_k, args.top_p)
     if args.prompt is not None and args.prompt_option is not None:
         raise ConfigError("give the prompt once: as the argument or with -p/--prompt")
     given = args.prompt if args.prompt is not None else args.prompt_option
@@ -45,6 +37,8 @@ def read_inputs(args: argparse.Namespace) -> GenerationRequest:
         raise ConfigError("standard input ('-') can be read once: give the others as files")
     if given is None and args.messages is None:
         raise ConfigError("give a prompt (argument or -p/--prompt) or --messages FILE")
+    if args.raw and (args.system is not None or args.messages is not None):
+        raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
     prompt = None
     if given == "-":
         prompt = read_text("-", "the prompt", MAX_TEXT_FILE)
@@ -54,16 +48,24 @@ def read_inputs(args: argparse.Namespace) -> GenerationRequest:
     if prompt is not None and not prompt.strip():
         raise ConfigError("the prompt is empty")
     messages = read_messages(args.messages) if args.messages is not None else None
-    if args.raw and (args.system is not None or messages is not None):
-        raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
     prediction = None
     if args.prediction is not None:
         prediction = read_text(args.prediction, "--prediction", MAX_TEXT_FILE)
-    return dataclasses.replace(
-        options,
-        prompt=prompt,
-        messages=None if messages is None else tuple(messages),
+    return make_request(
+        prompt,
+        messages=messages,
         system=args.system,
-        chat=True if args.chat else (False if args.raw else None),  # None: template if any
+        raw=args.raw,
+        chat=True if args.chat else None,  # None: the template if the target has one
+        max_new_tokens=args.max_new_tokens,
+        k=args.k,
+        adaptive=args.adaptive,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop_on_eos=not args.no_stop,
+        stop=args.stop,
         prediction=prediction,
+        parse_special=args.parse_special,  # the prompt's, the messages' and the prediction's
     )

@@ -16,7 +16,7 @@ from specdec.cli.common import (
     quiet_libraries,
 )
 from specdec.errors import ConfigError
-from specdec.pairs import DEFAULT_K, release
+from specdec.pairs import release
 from specdec.util.credentials import API_KEY_ENV, read_api_key
 from specdec.util.printable import printable
 
@@ -118,8 +118,7 @@ def run(args: argparse.Namespace) -> int:
     config_ = ServeConfig(
         settings=ServeSettings(
             model_name=name,
-            # the profile's policy decides K where the profile or the machine default chose
-            k=None if config.how else (DEFAULT_K if args.k is None else args.k),
+            k=args.k,  # None: the pair decides (Pair.default_k), as for generate
             adaptive=args.adaptive,
             default_max_tokens=args.default_max_tokens,
             parse_special=args.parse_special,
@@ -129,10 +128,11 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
     )
     app = create_app(pair, config_)
+    k = pair.default_k() if args.k is None else args.k
     how = (
         f"{config.how}: {config.label}"
-        if config.how
-        else f"K={config_.settings.k}{', adaptive' if args.adaptive else ''}"
+        if k is None
+        else f"K={k}{', adaptive' if args.adaptive else ''}"
     )
     line = (
         f"serving {name!r} on http://{args.host}:{args.port}/v1 ({how}, "

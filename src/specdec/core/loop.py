@@ -6,11 +6,10 @@ is done (its length, an end-of-sequence token, the context window, or the caller
 
 from __future__ import annotations
 
-import inspect
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec
+from typing import Any
 
 from specdec.core.drafter import Drafter
 from specdec.core.model import CausalLM, cached_prefix_len, extend_last
@@ -21,6 +20,7 @@ from specdec.core.round import speculative_round
 from specdec.core.sampling import SamplingConfig, make_generator
 from specdec.core.verifiers import Verifier, rejection_verifier
 from specdec.errors import ConfigError, ContextOverflowError, EmptyPromptError
+from specdec.util.signatures import drained
 from specdec.util.timing import Stopwatch
 
 
@@ -275,25 +275,5 @@ def generate_stream(
     )
 
 
-_P = ParamSpec("_P")
-
-
-def _drained(stream: Callable[_P, Generation]) -> Callable[_P, GenerationResult]:
-    """The whole-result form of a streaming function: same parameters by construction."""
-
-    def run_to_end(*args: _P.args, **kwargs: _P.kwargs) -> GenerationResult:
-        return stream(*args, **kwargs).run()
-
-    run_to_end.__doc__ = (
-        "Generate to the end and return the ``GenerationResult``; the arguments are those "
-        "of ``generate_stream``:\n\n" + (stream.__doc__ or "")
-    )
-    # what help() and IDEs show: the stream's own parameters
-    run_to_end.__signature__ = inspect.signature(stream).replace(  # type: ignore[attr-defined]
-        return_annotation="GenerationResult"
-    )
-    return run_to_end
-
-
-generate = _drained(generate_stream)
+generate = drained(generate_stream, "GenerationResult", "generate_stream")
 generate.__name__ = generate.__qualname__ = "generate"

@@ -29,7 +29,8 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from specdec.api import Completion, Pair
+from specdec.api import Pair
+from specdec.completion import Completion
 from specdec.core.model import CausalLM
 from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError

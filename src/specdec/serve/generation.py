@@ -18,7 +18,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.api import Completion, Pair
+from specdec.api import Pair
+from specdec.completion import Completion
 from specdec.core.loop import validate_request
 from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
@@ -36,7 +37,7 @@ class ServeSettings:
     """What the server was started with (the defaults a request may override)."""
 
     model_name: str
-    k: int | None = 6  # None: the pair's own choice (the profile's policy of an --auto pair)
+    k: int | None = None  # None: the pair's own choice (``Pair.default_k``)
     adaptive: bool = False
     default_max_tokens: int = 512
     parse_special: bool = False  # special-token text in prompts, messages, predictions: text
@@ -145,7 +146,8 @@ def plan(
     # a server without a drafter (--draft none, -k 0) decodes every request plainly: a
     # prediction is checked and counted (0 accepted, 0 rejected), never drafted
     drafted = prediction if req.prediction is not None and pair.draft is not None else None
-    # a prediction sizes its own drafts (Pair.stream caps them at PLANNED_K)
+    # a prediction sizes its own drafts (the pair caps them at PLANNED_K) unless the
+    # request names K
     k_default = None if k is None and drafted is not None else settings.k
     return make_request(
         prompt_ids,

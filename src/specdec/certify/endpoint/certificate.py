@@ -28,7 +28,7 @@ Modules: ``plan`` (the sizes, quick or full), ``seeds``, ``greedy`` (part 1), ``
 (part 2 and the joint Holm family), ``pertoken`` (part 3), ``run`` (the requests: resumable,
 both servers at once), ``pace`` (where the time goes), this module (the certificate and what
 a remote test cannot show, ``LIMITS``), ``report`` (its markdown and JSON files). The
-statistics are ``specdec.certify.stats``'; the HTTP client is ``specdec.endpoint``.
+statistics are ``specdec.stats``'; the HTTP client is ``specdec.endpoint``.
 """
 
 from __future__ import annotations

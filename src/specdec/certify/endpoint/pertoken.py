@@ -8,7 +8,7 @@ prompt P + c with ``prompt_logprobs = N``: one prefill pass that returns, for ev
 the top-N tokens by rank with their log-probabilities and the log-probability of the token
 that is there. No re-tokenisation happens anywhere: the ids are the spec-on server's own.
 
-The transform is the randomised PIT of ``specdec.certify.stats.pit`` on a coarsened row: the top-N
+The transform is the randomised PIT of ``specdec.stats.pit`` on a coarsened row: the top-N
 tokens in rank order, then one category for the rest of the vocabulary (mass 1 - sum of the
 top N). With V ~ U(0, 1) drawn by the client,
 
@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from specdec.certify.stats.alternatives import alternatives, common_uniforms, min_detectable_tv
-from specdec.certify.stats.pit import top_n_pit
-from specdec.certify.stats.uniformity import UniformityResult, uniformity_test
 from specdec.endpoint.client import EndpointClient, PromptRow, Request
 from specdec.endpoint.errors import BadReply, EndpointError
+from specdec.stats.alternatives import alternatives, common_uniforms, min_detectable_tv
+from specdec.stats.pit import top_n_pit
+from specdec.stats.uniformity import UniformityResult, uniformity_test
 
 TOKEN_IDS: Mapping[str, Any] = MappingProxyType({"return_tokens_as_token_ids": True})
 DEFAULT_TOP = 20  # vLLM's default --max-logprobs

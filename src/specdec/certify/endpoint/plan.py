@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.certify.stats.thresholds import ALPHA, POWER, TIE_GAP_NATS
 from specdec.endpoint.capacity import MAX_CONCURRENCY
 from specdec.errors import ConfigError
+from specdec.stats.thresholds import ALPHA, POWER, TIE_GAP_NATS
 from specdec.util.bounds import check_range, check_scale
 
 from .pertoken import DEFAULT_TOP

@@ -12,14 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from specdec.certify.stats.chisquare import (
+from specdec.stats.chisquare import (
     ChiSquareResult,
     chisquare_homogeneity,
     combined_homogeneity,
 )
-from specdec.certify.stats.multiple import holm_adjust
-from specdec.certify.stats.power import min_detectable_tv_combined
-from specdec.certify.stats.simulated import simulated_power_combined
+from specdec.stats.multiple import holm_adjust
+from specdec.stats.power import min_detectable_tv_combined
+from specdec.stats.simulated import simulated_power_combined
 
 from .pertoken import EndpointPerTokenResult
 from .plan import EndpointCertifyPlan

@@ -1,4 +1,5 @@
-"""The certificates' statistics: every test, power computation and interval, as pure functions
+"""Every statistic specdec reports: each test, power computation and interval of the
+certificates and the bench's speedup intervals, as pure functions
 on numpy arrays and torch tensors (scipy for the distributions), every random draw from an
 explicit generator, every threshold in ``thresholds``.
 
@@ -19,4 +20,5 @@ everything before it by construction).
 ``uniformity``    Anderson-Darling and binned chi-square tests of uniformity
 ``alternatives``  the per-token test's stated alternatives and its power against them
 ``intervals``     the Student-t interval of a mean over independent sequences
+``bootstrap``     the bench's speedup spread: a geometric mean with a cluster bootstrap interval
 """
