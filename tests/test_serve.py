@@ -573,6 +573,45 @@ def test_serve_auto_loads_the_profile_choice_and_leaves_k_to_it(
     assert "auto: plain on mock" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("k_args", "k"), [([], None), (["-k", "3"], 3)])
+def test_serve_takes_minus_k_under_the_machine_default_as_generate_does(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    k_args: list[str],
+    k: int | None,
+) -> None:
+    """-k is the server's K whoever chose the drafter (the machine default included); without
+    it the pair decides (``Pair.default_k``), as for ``generate``."""
+    import uvicorn
+
+    import specdec.api
+    from specdec.cli import main
+    from specdec.core.policy import FixedK
+
+    class Choice:
+        label, reason, speculative = "suffix on mock", "it pays", True
+
+        def policy(self) -> FixedK:
+            return FixedK(5)
+
+    seen: dict[str, Any] = {}
+
+    def fake_load(*args: Any, **kw: Any) -> Pair:
+        from specdec.configuration import Configuration
+        from specdec.models.loader import ModelConfig
+
+        config = Configuration(ModelConfig("mock:target"), "suffix", choice=Choice(), how="default")  # type: ignore[arg-type]
+        return Pair(mock_serve_pair().target, mock_serve_pair().draft, Choice(), config=config)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(specdec.api, "load", fake_load)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, run=kw))
+    assert main(["serve", *MOCK_ARGS, *k_args, "--port", "0"]) == 0
+    assert seen["app"].state.specdec.config.settings.k == k
+    err = capsys.readouterr().err
+    assert ("v1 (default: suffix on mock," in err) is (k is None)
+    assert ("K=3" in err) is (k == 3)
+
+
 def test_a_non_streaming_client_that_leaves_cancels_its_generation() -> None:
     slow = mock_serve_pair(draft="none", delay=0.05)
     with running_server(slow) as base:
