@@ -144,7 +144,7 @@ def interval(xs: list[float], keys: list[str]) -> tuple[float, float]:
     resampling prompts (``bench.analysis``' cluster bootstrap, seeded): a prompt measured in
     several pooled runs is one unit. How far the category's figure could move with other
     prompts of the same kind (the noise of each prompt's runs is inside it)."""
-    from specdec.bench.analysis import cluster_bootstrap_geomean
+    from specdec.stats.bootstrap import cluster_bootstrap_geomean
 
     return cluster_bootstrap_geomean(xs, [prompt_of(k) for k in keys], level=0.90)
 

@@ -17,7 +17,7 @@ Design, fixed before the run:
   included); at concurrency 4, the group's tokens / its wall time. Ratios (spec / plain of the
   same engine, and each engine against llama-server plain) are geometric means over
   prompts (paired: same prompt and round) with a 95 % cluster-bootstrap interval over
-  prompts (``specdec.bench.analysis.cluster_bootstrap_geomean``).
+  prompts (``specdec.stats.bootstrap.cluster_bootstrap_geomean``).
 - Every item is appended (fsynced) to the results file as it finishes; ``--resume`` skips
   items already there, so a crash loses at most one.
 - Memory: all seven servers at once need more than this machine's 24 GiB (vLLM's two take
@@ -51,10 +51,10 @@ from typing import Any
 
 import servers as S
 
-from specdec.bench.analysis import cluster_bootstrap_geomean
 from specdec.endpoint.client import EndpointClient, EndpointConfig, Reply, Request
 from specdec.endpoint.pairing import SWITCH_OFF
 from specdec.prompt_sets import select_prompts
+from specdec.stats.bootstrap import cluster_bootstrap_geomean
 from specdec.util.machine import machine_info
 
 OUT = S.REPO / "benchmarks/results/engines/side-by-side.jsonl"
