@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+# ggml's process-wide switches that the settings set (read once per process)
+GGML_SWITCHES = ("GGML_CPU_TILED_MM", "GGML_CPU_REPACK_ROW_INVARIANT")
 
 # name -> (extra environment, LlamaCppLM keyword options)
 SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
@@ -166,7 +168,9 @@ def parse_lib(text: str) -> tuple[str, Path]:
 def run_setting(name: str, args: argparse.Namespace) -> dict[str, Any]:
     base, label = split_setting(name)
     extra_env, _ = SETTINGS[base]
-    env = {**os.environ, **extra_env}
+    # the setting alone decides ggml's switches (an inherited one would relabel "default")
+    env = {k: v for k, v in os.environ.items() if k not in GGML_SWITCHES}
+    env.update(extra_env)
     if label is not None:  # another build; a plain name keeps the caller's LLAMA_CPP_LIB_PATH
         env["LLAMA_CPP_LIB_PATH"] = str(dict(args.lib or [])[label])
     src = str(Path(__file__).resolve().parent.parent / "src")
