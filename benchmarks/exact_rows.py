@@ -11,7 +11,8 @@ largest logit difference, and writes JSON with ``--json``.
 
   exact            LlamaCppLM(exact=True): the repacked groups whose rows differ moved off
                    (all kept on the exact build), tiled K-quant path off (kept on the exact
-                   build), flash attention, Q8_0 keys / F16 values (exact_kernels.EXACT_KV)
+                   build), flash attention with Q8_0 keys / F16 values (on the exact build
+                   from version 4 llama.cpp's default attention: exact_kernels.exact_attention)
   default          llama.cpp as llama-cpp-python loads it (repack on, no flash attention,
                    tiled path on)
   exact_f16_cache  exact without its cache types (F16 keys and values): flash attention's
@@ -41,6 +42,9 @@ from pathlib import Path
 from typing import Any
 
 # name -> (extra environment, loader options); "hf_*" load through the transformers backend
+# ggml's process-wide switches that the settings set (read once per process)
+GGML_SWITCHES = ("GGML_CPU_TILED_MM", "GGML_CPU_REPACK_ROW_INVARIANT")
+
 SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "exact": ({}, {"exact": True}),
     "default": ({}, {}),
@@ -67,9 +71,12 @@ SETTINGS: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     ),
     "ri_kv_f16_f16": ({"GGML_CPU_REPACK_ROW_INVARIANT": "1"}, {"flash_attn": True}),
     # the row-invariant kernels with llama.cpp's default attention (no flash attention, the
-    # F16 cache): its products on F16 run llamafile's sgemm from 2 rows, so rows differ
-    # unless the build keeps sgemm out of row-invariant mode (patch version 4)
+    # F16 cache): its products on F16 run llamafile's sgemm from 2 rows and vec_dot for one,
+    # so rows differ from 2 rows unless the build sums a lone row in sgemm's order (patch
+    # version 4, whose exact numerics run this attention); ri_noflash_off: the same with the
+    # mode off (the fixture that must differ on any build)
     "ri_noflash": ({"GGML_CPU_REPACK_ROW_INVARIANT": "1"}, {}),
+    "ri_noflash_off": ({"GGML_CPU_REPACK_ROW_INVARIANT": "0"}, {}),
     "hf_float32": ({}, {"dtype": "float32"}),
     "hf_bfloat16": ({}, {"dtype": "bfloat16"}),
 }
@@ -145,7 +152,10 @@ def run_setting(
     model: str, setting: str, threads: list[int], contexts: list[int], ns: list[int]
 ) -> dict[str, Any]:
     """The worker in a fresh process (PYTHONPATH gets this checkout's src/)."""
-    env = {**os.environ, **SETTINGS[setting][0]}
+    # each setting alone decides ggml's switches: one inherited from the caller (a test process
+    # that loaded an exact model sets them) would run "default" as another setting
+    env = {k: v for k, v in os.environ.items() if k not in GGML_SWITCHES}
+    env.update(SETTINGS[setting][0])
     src = str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, str(Path(__file__).resolve()), model, "--worker", setting]

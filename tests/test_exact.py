@@ -68,21 +68,27 @@ def test_exact_model_configs() -> None:
 
 
 def test_exact_settings_refuse_what_contradicts_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specdec.models.exact_kernels import DEFAULT_ATTENTION, FLASH_Q8_0_KEYS
     from specdec.models.llamacpp import TILED_ENV, _exact_settings
 
     monkeypatch.delenv(TILED_ENV, raising=False)
+    flash = FLASH_Q8_0_KEYS
     # repack stays as asked: the groups that break row invariance move off at load
-    assert _exact_settings(None, False, "f16", "f16") == (True, True, "q8_0", "f16")
-    assert _exact_settings(False, False, "f16", "f16") == (False, True, "q8_0", "f16")
-    assert _exact_settings(True, False, "f16", "f16")[0] is True
+    assert _exact_settings(None, "f16", "f16", flash) == (True, True, "q8_0", "f16")
+    assert _exact_settings(False, "f16", "f16", flash) == (False, True, "q8_0", "f16")
+    assert _exact_settings(True, "f16", "f16", flash)[0] is True
+    # the attention is the build's: llama.cpp's default on the exact build from version 4
+    assert _exact_settings(None, "f16", "f16", DEFAULT_ATTENTION) == (True, False, "f16", "f16")
     import os
 
     assert os.environ[TILED_ENV] == "0"  # set for this process (ggml reads it once)
     with pytest.raises(ConfigError, match="KV cache types"):
-        _exact_settings(None, False, "f32", "f16")
+        _exact_settings(None, "f32", "f16", flash)
+    with pytest.raises(ConfigError, match=r"KV cache types themselves \(f16/f16\)"):
+        _exact_settings(None, "q8_0", "f16", DEFAULT_ATTENTION)
     monkeypatch.setenv(TILED_ENV, "1")
     with pytest.raises(ConfigError, match="GGML_CPU_TILED_MM='1'"):
-        _exact_settings(None, False, "f16", "f16")
+        _exact_settings(None, "f16", "f16", flash)
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +240,37 @@ def test_cached_exact_costs_are_keyed_by_the_kv_cache_types(
     from specdec.profiler import target_costs
 
     cfg = ModelConfig("mock:target", backend="mock", exact=True)
-    now = target_costs.costs_key(cfg)
-    monkeypatch.setattr(target_costs, "EXACT_KV", ("f16", "q8_0"))
-    assert target_costs.costs_key(cfg) != now
-    assert exact_kernels.EXACT_KV == ("q8_0", "f16")
+    keys = []
+    for attention in (
+        exact_kernels.FLASH_Q8_0_KEYS,
+        exact_kernels.ExactAttention(True, "f16", "q8_0"),
+        exact_kernels.DEFAULT_ATTENTION,  # the exact build's (version 4): another price again
+    ):
+        monkeypatch.setattr(target_costs, "exact_attention", lambda a=attention: a)
+        keys.append(target_costs.costs_key(cfg))
+    assert len(set(keys)) == 3
+
+
+def test_a_rows_setting_does_not_inherit_the_callers_ggml_switches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process that loaded an exact model has ggml's switches set; the "default" setting's
+    child must still run llama.cpp's defaults (else the fixture that must differ passes as
+    identical on the exact build), and a setting's own switches still reach its child."""
+    import subprocess
+
+    import exact_rows
+
+    seen: list[dict[str, str]] = []
+
+    def fake_run(cmd: list[str], env: dict[str, str], **kw: object) -> object:
+        seen.append(env)
+        return subprocess.CompletedProcess(cmd, 0, stdout="{}\n", stderr="")
+
+    monkeypatch.setenv("GGML_CPU_REPACK_ROW_INVARIANT", "1")
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "0")
+    monkeypatch.setattr(exact_rows.subprocess, "run", fake_run)
+    exact_rows.run_setting("m.gguf", "default", [1], [20], [2])
+    exact_rows.run_setting("m.gguf", "ri_noflash_off", [1], [20], [2])
+    assert not set(exact_rows.GGML_SWITCHES) & set(seen[0])
+    assert seen[1]["GGML_CPU_REPACK_ROW_INVARIANT"] == "0"

@@ -1,18 +1,20 @@
-"""The exact build: llama-cpp-python with ``patches/ggml-cpu-repack-row-invariant.patch``
-(``make exact-build``; ``make test-exact`` runs this file on it).
+"""The exact build: llama-cpp-python with ``patches/ggml-cpu-repack-row-invariant.patch`` (``make
+exact-build``; ``make test-exact`` runs this file on it).
 
 The patch gives ggml's repacked CPU kernels and its tiled K-quant path a row-invariant mode
 (``GGML_CPU_REPACK_ROW_INVARIANT=1``): a row of an n-row product gets the bits a one-row
 product gives it (Q4_K keeps its repacked gemm for groups of 4 rows, summing each super-block
 as the stock one-row gemv does, which the other rows run; Q6_K keeps the tiled path, its
-smaller products summing in the tiled order), so exact numerics can
-keep those kernels. Its bitwise test: on the small test model requantized to Q4_K_M (Q4_K,
-which ggml repacks on x86, and Q6_K weights), with every optional kernel kept and exact
-numerics' other settings, each row of an n-token pass (n = 1..32, contexts 20 and 1,100,
-1-3 threads) equals the one-token row bit for bit with the mode on; with it off (the stock
-kernels, the fixture that must fail) rows differ. Each setting runs in a process of its own
-(ggml reads the switch once per process). The tests on the build skip, saying how to make
-it, on a stock build; the tests of how it is made run everywhere.
+smaller products summing in the tiled order), so exact numerics can keep those kernels; from
+version 4 a one-column float product sums in llamafile_sgemm's order, so llama.cpp's default
+attention (no flash attention, F16 cache) is row-invariant too, with its own fixture (the mode
+off: rows differ from 2 rows). Its bitwise test: on the small test model requantized to Q4_K_M
+(Q4_K, which ggml repacks on x86, and Q6_K weights), with every optional kernel kept and exact
+numerics' other settings, each row of an n-token pass (n = 1..32, contexts 20 and 1,100, 1-3
+threads) equals the one-token row bit for bit with the mode on; with it off (the stock kernels,
+the fixture that must fail) rows differ. Each setting runs in a process of its own (ggml reads
+the switch once per process). The tests on the build skip, saying how to make it, on a stock
+build; the tests of how it is made run everywhere.
 """
 
 from __future__ import annotations
@@ -96,7 +98,11 @@ def test_exact_numerics_keep_the_tiled_path_only_where_the_build_makes_it_row_in
     import os
 
     import specdec.models.ggml_bufts as bufts
-    from specdec.models.exact_kernels import ROW_INVARIANT_ENV, row_invariant_keeps_tiled
+    from specdec.models.exact_kernels import (
+        FLASH_Q8_0_KEYS,
+        ROW_INVARIANT_ENV,
+        row_invariant_keeps_tiled,
+    )
     from specdec.models.llamacpp import TILED_ENV, _exact_settings
 
     monkeypatch.delenv(ROW_INVARIANT_ENV, raising=False)
@@ -105,11 +111,42 @@ def test_exact_numerics_keep_the_tiled_path_only_where_the_build_makes_it_row_in
         monkeypatch.setenv(ROW_INVARIANT_ENV, preset)
     monkeypatch.setattr(bufts, "ggml", lambda _llama_cpp: _FakeGgml(version > 0, version))
     assert row_invariant_keeps_tiled(object()) is kept
-    assert _exact_settings(None, False, "f16", "f16", kept) == (True, True, "q8_0", "f16")
+    flash = FLASH_Q8_0_KEYS
+    assert _exact_settings(None, "f16", "f16", flash, kept) == (True, True, "q8_0", "f16")
     assert os.environ.get(TILED_ENV) == (None if kept else "0")
     if kept:  # the tiled switch set either way is fine: both orders agree on this build
         monkeypatch.setenv(TILED_ENV, "1")
-        assert _exact_settings(None, False, "f16", "f16", True)[1] is True
+        assert _exact_settings(None, "f16", "f16", flash, True)[0] is True
+
+
+@pytest.mark.parametrize(
+    ("version", "preset", "attention"),
+    [
+        (0, None, "flash"),  # stock build: flash attention with Q8_0 keys
+        (3, None, "flash"),  # version 3: its float products still take two orders
+        (4, None, "default"),  # version 4: llama.cpp's default attention is row-invariant
+        (4, "1", "default"),
+        (4, "0", "flash"),  # the mode turned off by the user: back to flash attention
+        (5, None, "default"),  # version 5 keeps it
+    ],
+)
+def test_exact_numerics_run_the_default_attention_only_where_the_build_makes_it_row_invariant(
+    monkeypatch: pytest.MonkeyPatch, version: int, preset: str | None, attention: str
+) -> None:
+    import specdec.models.ggml_bufts as bufts
+    from specdec.models.exact_kernels import (
+        DEFAULT_ATTENTION,
+        FLASH_Q8_0_KEYS,
+        ROW_INVARIANT_ENV,
+        exact_attention,
+    )
+
+    monkeypatch.delenv(ROW_INVARIANT_ENV, raising=False)
+    if preset is not None:
+        monkeypatch.setenv(ROW_INVARIANT_ENV, preset)
+    monkeypatch.setattr(bufts, "ggml", lambda _llama_cpp: _FakeGgml(version > 0, version))
+    want = DEFAULT_ATTENTION if attention == "default" else FLASH_Q8_0_KEYS
+    assert exact_attention(object()) == want
 
 
 def test_the_build_version_is_read_from_the_exported_symbol() -> None:
@@ -140,6 +177,9 @@ def test_doctor_and_the_profile_name_the_build() -> None:
     assert "patch version 1" in v1 and "the tiled path off" in v1
     assert "patch version 2" in v2 and "and the tiled path" in v2
     assert "patch version 3" in exact_build_text(True, 3)
+    assert "default attention" not in exact_build_text(True, 3)
+    v4 = exact_build_text(True, 4)
+    assert "patch version 4" in v4 and "the tiled path and llama.cpp's default attention" in v4
     assert exact_build_text(False).startswith("stock build") and "make exact-build" in (
         exact_build_text(False)
     )
@@ -161,11 +201,13 @@ def test_the_patch_touches_ggml_cpu_matrix_kernels_only() -> None:
     assert files and all(f.startswith("b/ggml/src/ggml-cpu/") for f in files), files
     assert {"b/ggml/src/ggml-cpu/repack.cpp", "b/ggml/src/ggml-cpu/tiled/tiled.cpp"} <= set(files)
     added = [x for x in text.splitlines() if x.startswith("+") and not x.startswith("+++")]
-    assert 0 < len(added) <= 420  # v3: 4 x86 gemm variants, each sum wrapped once
+    assert 0 < len(added) <= 560  # v3: 4 x86 gemm variants, each sum wrapped once; v4: +~110
+    assert "TILED_ROW_INVARIANT_Q6_K_FUSED" in text  # v5: the Q6_K vec_dot's FMA said explicitly
     assert "GGML_CPU_REPACK_ROW_INVARIANT" in text
     assert "ggml_cpu_repack_row_invariant_supported" in text  # what the product looks for
-    assert "return 3;" in text  # version 3 (>= 2 keeps the tiled path: exact_kernels)
+    assert "return 5;" in text  # version 5 (>= 2 keeps the tiled path, >= 4 the attention)
     assert "ggml_gemm_q4_K_8x8_q8_K_per_block" in text  # the gemm in the one-row gemv's order
+    assert "llamafile_sgemm_one_column" in text  # a lone column in llamafile_sgemm's order
 
 
 def test_the_exact_build_has_a_key_of_its_own_that_covers_the_patch() -> None:
@@ -285,6 +327,31 @@ def test_the_stock_repacked_gemm_is_not_row_invariant(smol_q4_k: Path) -> None:
     differing = _differing(result)
     assert differing, "the stock repacked gemm gave one-row results: nothing for the patch to do"
     assert all(int(n) >= 4 for _, _, n in differing)  # gemm starts at 4 rows
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+def test_row_invariant_mode_keeps_the_default_attention_bit_identical(smol_q4_k: Path) -> None:
+    """Version 4: with no flash attention and the F16 cache, a one-token pass's attention
+    products sum in llamafile_sgemm's order, as every wider pass's do."""
+    result = _rows(smol_q4_k, "ri_noflash", [2], [20, 1100])
+    result.update(_rows(smol_q4_k, "ri_noflash", [1, 3], [20]))
+    assert sorted(result) == ["1", "2", "3"]
+    assert _differing(result) == []
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+def test_the_default_attention_is_not_row_invariant_with_the_mode_off(smol_q4_k: Path) -> None:
+    """The fixture that must fail: with the mode off the F16 products of a 2- or 3-token pass
+    go through llamafile_sgemm and a one-token pass's through vec_dot, so rows differ before
+    the repacked gemm (4 rows) or the tiled path (8) come in. On this model they do past a
+    long context (1,100 tokens: row 1 of 2- and 3-token passes), not at 20 tokens, where its
+    2- and 3-token rows are identical with the mode off too (measured in a clean environment;
+    an earlier version of this test asked at 20 tokens and passed only because a tiled-path
+    switch left in the test process by an exact load reached the child)."""
+    differing = _differing(_rows(smol_q4_k, "ri_noflash_off", [2], [1100]))
+    assert any(int(n) < 4 for _, _, n in differing), differing
 
 
 @pytest.mark.real_model

@@ -60,10 +60,13 @@ def exact_build_text(exact_build: object, version: object = None) -> str:
     """Which build is present, in the words doctor and the profile use (``version``: the
     patch version the build reports, where known)."""
     if exact_build is True:
-        from specdec.models.exact_kernels import KEEPS_TILED_FROM
+        from specdec.models.exact_kernels import DEFAULT_ATTENTION_FROM, KEEPS_TILED_FROM
 
         if not isinstance(version, int) or version < 1:
             kept, named = "the repacked kernels", ""
+        elif version >= DEFAULT_ATTENTION_FROM:
+            kept = "the repacked kernels, the tiled path and llama.cpp's default attention"
+            named = f", patch version {version}"
         elif version >= KEEPS_TILED_FROM:
             kept, named = "the repacked kernels and the tiled path", f", patch version {version}"
         else:

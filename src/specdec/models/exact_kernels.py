@@ -10,7 +10,7 @@ AVX-512 machines, so this module decides per *group* (``BUFT/TYPE``, ``models.gg
 
 1. the groups a load with the kernel check's choice would use (none: nothing to decide);
 2. a child process loads the model with all of them and exact numerics' other settings (tiled
-   K-quant path off, flash attention, Q8_0 keys / F16 values) and compares passes of
+   K-quant path off, the attention of ``exact_attention``) and compares passes of
    ``PROBE_ROWS`` rows with one-token passes bitwise (``models.exact.check_rows_exact``);
 3. if any row differs: one child per group, that group alone on its optional kernel; the
    groups whose rows differ (or whose child fails) are avoided.
@@ -21,7 +21,10 @@ exact numerics first switch the repacked kernels to their row-invariant mode
 is moved, and a build or machine where the mode does not hold is caught by the same probe.
 From the patch's version 2 on the mode also keeps ggml's tiled K-quant path (Q6_K, whose
 smaller products then sum in the tiled order; ``row_invariant_keeps_tiled``), so exact
-numerics leave it on there.
+numerics leave it on there. From version 4 on a one-column float product sums in
+llamafile_sgemm's order, so llama.cpp's default attention (no flash attention, F16 cache) is
+row-invariant too and exact numerics run it (``exact_attention``); elsewhere they run flash
+attention with Q8_0 keys and F16 values.
 
 The verdict is cached per llama.cpp build, CPU (model and flags), model file, kernel choice
 and thread count (one small JSON file in ``<store>/exact-checks``). The load-time self-check
@@ -67,11 +70,40 @@ TILED_ENV = "GGML_CPU_TILED_MM"
 # compute every row of an n-row product as the one-row product does; ggml reads it once per
 # process, at its first repacked product
 ROW_INVARIANT_ENV = "GGML_CPU_REPACK_ROW_INVARIANT"
-EXACT_KV = ("q8_0", "f16")
 _MAX_CACHE_BYTES = 1 << 20
 PROBE_TEXT = (
     "Exact numerics: the same logits whatever the pass size.\ndef f(x):\n    return x + 1\n"
 )
+
+
+@dataclass(frozen=True)
+class ExactAttention:
+    """The attention exact numerics run: flash attention or not, and the KV cache types."""
+
+    flash_attn: bool
+    type_k: str
+    type_v: str
+
+    def kv(self) -> tuple[str, str]:
+        return self.type_k, self.type_v
+
+    def text(self) -> str:
+        flash = "flash attention" if self.flash_attn else "no flash attention"
+        return f"{flash}, {self.type_k} keys / {self.type_v} values"
+
+    def key(self) -> str:
+        """Its part of a cache key (verdicts, target costs, profiles)."""
+        return "/".join(self.kv()) + ("" if self.flash_attn else "/no-flash")
+
+
+# Any build: flash attention's one-token path splits the KV range across threads from 512
+# cells when K and V have the same F16/F32 type, and without flash attention the F16 products
+# go through llamafile_sgemm from 2 rows and vec_dot for 1; types that differ avoid the split.
+FLASH_Q8_0_KEYS = ExactAttention(True, "q8_0", "f16")
+# The exact build from version 4: a one-column float product sums in llamafile_sgemm's order,
+# so llama.cpp's default attention is row-invariant and exact numerics pay nothing for it.
+DEFAULT_ATTENTION = ExactAttention(False, "f16", "f16")
+DEFAULT_ATTENTION_FROM = 4
 
 
 @dataclass(frozen=True)
@@ -160,6 +192,23 @@ def row_invariant_keeps_tiled(llama_cpp: Any) -> bool:
     return os.environ.get(ROW_INVARIANT_ENV, "1").strip() not in ("", "0")
 
 
+def exact_attention(llama_cpp: Any | None = None) -> ExactAttention:
+    """The attention exact numerics run with this build (``llama_cpp``: the module, imported
+    here when None): llama.cpp's default on the exact build from patch version 4 with its
+    row-invariant mode on (or about to be), flash attention with Q8_0 keys otherwise."""
+    from specdec.models.ggml_bufts import ggml
+
+    if llama_cpp is None:
+        try:
+            import llama_cpp
+        except ImportError:  # no llama.cpp backend: nothing to run, the general choice
+            return FLASH_Q8_0_KEYS
+    if ggml(llama_cpp).row_invariant_version() < DEFAULT_ATTENTION_FROM:
+        return FLASH_Q8_0_KEYS
+    on = os.environ.get(ROW_INVARIANT_ENV, "1").strip() not in ("", "0")
+    return DEFAULT_ATTENTION if on else FLASH_Q8_0_KEYS
+
+
 def checks_dir(root: Path | None = None) -> Path:
     return verdict_dir(root, CHECKS_DIR_ENV, "exact-checks")
 
@@ -186,7 +235,7 @@ def verdict_key(
         "groups": list(groups),
         "threads": threads,
         "rows": list(PROBE_ROWS),
-        "kv": list(EXACT_KV),  # the cache types the verdict was found under
+        "kv": exact_attention(llama_cpp).key(),  # the attention the verdict was found under
         "fault": fault,
         "row_invariant": os.environ.get(ROW_INVARIANT_ENV, ""),
         "tiled": os.environ.get(TILED_ENV, ""),

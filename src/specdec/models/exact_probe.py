@@ -16,21 +16,30 @@ import os
 import sys
 from typing import Any
 
-from specdec.models.exact_kernels import EXACT_KV, FAULT_ENV, PROBE_CONTEXT, PROBE_ROWS, PROBE_TEXT
+from specdec.models.exact_kernels import (
+    FAULT_ENV,
+    PROBE_CONTEXT,
+    PROBE_ROWS,
+    PROBE_TEXT,
+    exact_attention,
+)
 from specdec.models.ggml_bufts import Choice
 
 
 def probe(path: str, choice: Choice, threads: int, fault: str) -> dict[str, Any]:
     """In the child: load with ``choice`` and exact numerics' other settings, compare passes
     of ``PROBE_ROWS`` rows with one-token passes bitwise."""
+    import llama_cpp
+
     from specdec.models.exact import check_rows_exact
     from specdec.models.ggml_bufts import ggml, weight_groups
     from specdec.models.llamacpp import LlamaCppLM
 
     need = PROBE_CONTEXT + max(PROBE_ROWS)
+    att = exact_attention(llama_cpp)
     lm = LlamaCppLM(
-        path, n_ctx=need + 8, n_threads=threads, kernels=choice, flash_attn=True,
-        type_k=EXACT_KV[0], type_v=EXACT_KV[1],
+        path, n_ctx=need + 8, n_threads=threads, kernels=choice, flash_attn=att.flash_attn,
+        type_k=att.type_k, type_v=att.type_v,
     )  # fmt: skip
     ids = lm.tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
     ids = [i % lm.vocab_size for i in (ids * (need // max(1, len(ids)) + 1))[:need]]
@@ -40,8 +49,6 @@ def probe(path: str, choice: Choice, threads: int, fault: str) -> dict[str, Any]
         detail = f"row {bad.first_row} of a {bad.n}-token pass differs by {bad.max_abs:.3g}"
     else:
         detail = "identical"
-    import llama_cpp
-
     from specdec.hub.gguf import check_gguf_header
 
     if fault and fault in weight_groups(ggml(llama_cpp), check_gguf_header(path).tensors, choice):

@@ -39,7 +39,9 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
   on the 1.5B took 7.7 / 7.1 s against the default's 6.0 / 5.5 s (two runs), as every value
   row is converted for every query, with Q8_0 keys 6.3 / 5.9 s (``benchmarks/README.md``);
   BF16 values' per-cell conversion made decode at 1,500 tokens 3x slower on the small test
-  model).
+  model). On the exact build from patch version 4 a one-token pass's float products sum in
+  llamafile_sgemm's order, so llama.cpp's default attention is row-invariant and exact
+  numerics keep it (no flash attention, F16 cache; ``exact_kernels.exact_attention``).
   The model checks itself at load (``models.exact.self_check``) and refuses to run if any
   row differs. On a stock build it costs decode speed where the moved kernels are faster,
   and prefill speed (no tiled path); ``benchmarks/exact_cost.py`` measures both.
@@ -64,9 +66,10 @@ import torch
 from specdec.core.model import check_extend_args, check_truncate_args
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.exact_kernels import (
-    EXACT_KV,
     TILED_ENV,
+    ExactAttention,
     ExactVerdict,
+    exact_attention,
     exact_verdict,
     row_invariant_keeps_tiled,
     use_row_invariant_kernels,
@@ -102,30 +105,33 @@ def _import_llama() -> Any:
     return llama_cpp
 
 
-# TILED_ENV: ggml reads it once per process, at its first K-quant matrix product; EXACT_KV:
-# the K and V cache types under exact numerics (see the module doc)
+# TILED_ENV: ggml reads it once per process, at its first K-quant matrix product
 
 
 def _exact_settings(
-    repack: bool | None, flash_attn: bool, type_k: str, type_v: str, keep_tiled: bool = False
+    repack: bool | None,
+    type_k: str,
+    type_v: str,
+    attention: ExactAttention,
+    keep_tiled: bool = False,
 ) -> tuple[bool, bool, str, str]:
-    """The settings exact numerics need (refusing contradicting ones), and ggml's tiled K-quant
-    path switched off for this process unless the environment already says so, or the build
-    keeps it (``keep_tiled``: the exact build's row-invariant mode, version 2 on, makes the
-    tiled path and the small products sum in one order). Repack stays as asked (on by
-    default): the optional kernels that break row invariance are moved off per weight type at
-    load (``models.exact_kernels``)."""
-    if (type_k, type_v) not in (("f16", "f16"), EXACT_KV):
+    """The settings exact numerics need (refusing contradicting ones): repack as asked (on by
+    default: the optional kernels that break row invariance are moved off per weight type at
+    load, ``models.exact_kernels``), the build's ``attention``
+    (``exact_kernels.exact_attention``), and ggml's tiled K-quant path switched off for this
+    process unless the environment already says so, or the build keeps it (``keep_tiled``:
+    the exact build's row-invariant mode, version 2 on, makes the tiled path and the small
+    products sum in one order). Returns (repack, flash_attn, type_k, type_v)."""
+    if (type_k, type_v) not in (("f16", "f16"), attention.kv()):
         raise ConfigError(
-            f"exact numerics set the KV cache types themselves ({'/'.join(EXACT_KV)})"
+            f"exact numerics set the KV cache types themselves ({'/'.join(attention.kv())})"
         )
     tiled = "0" if keep_tiled else os.environ.setdefault(TILED_ENV, "0")
     if tiled.strip() != "0":
         raise ConfigError(
             f"exact numerics need ggml's tiled matrix path off, but {TILED_ENV}={tiled!r} is set"
         )
-    del flash_attn  # exact numerics always run flash attention
-    return repack is not False, True, *EXACT_KV
+    return repack is not False, attention.flash_attn, attention.type_k, attention.type_v
 
 
 def default_pad_min(pad_to: int) -> int:
@@ -267,9 +273,10 @@ class LlamaCppLM:
         from specdec.hub.gguf import check_gguf_header
 
         if exact:
-            keep_tiled = row_invariant_keeps_tiled(_import_llama())
+            llama_cpp = _import_llama()
+            keep_tiled = row_invariant_keeps_tiled(llama_cpp)
             repack, flash_attn, type_k, type_v = _exact_settings(
-                repack, flash_attn, type_k, type_v, keep_tiled
+                repack, type_k, type_v, exact_attention(llama_cpp), keep_tiled
             )
         repack = True if repack is None else repack
 

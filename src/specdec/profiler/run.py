@@ -25,7 +25,7 @@ from specdec.core.vocab import check_same_vocabulary
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
-from specdec.models.exact_kernels import EXACT_KV
+from specdec.models.exact_kernels import exact_attention
 from specdec.models.loader import ModelConfig, load_model
 from specdec.pairs import (
     DEFAULT_DRAFT,
@@ -108,8 +108,8 @@ class ProfileSpec:
         """Everything besides the models and prompts that the numbers depend on."""
         d = asdict(self)
         del d["target"], d["drafts"], d["check_top"]
-        # the price of exact numerics measured here depends on their KV cache types
-        d["exact_kv"] = "/".join(EXACT_KV)
+        # the price of exact numerics measured here depends on their attention (the build's)
+        d["exact_kv"] = exact_attention().key()
         return d
 
     def model_config(self, model: str, backend: str) -> ModelConfig:

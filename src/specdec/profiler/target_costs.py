@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from specdec.core.model import CausalLM
-from specdec.models.exact_kernels import EXACT_KV
+from specdec.models.exact_kernels import exact_attention
 from specdec.models.loader import ModelConfig
 from specdec.pairs import CostProvider, is_planned
 from specdec.profiler import cache
@@ -52,7 +52,7 @@ def costs_key(cfg: ModelConfig) -> str:
         # 2: exact numerics keep the row-invariant optional kernels (models.exact_kernels);
         # their KV cache types are part of the key, as in the kernel verdict's and profile's
         settings["exact"] = 2
-        settings["exact_kv"] = "/".join(EXACT_KV)
+        settings["exact_kv"] = exact_attention().key()
     return cache.profile_key(target=cfg.model, drafts=(), settings=settings, prompts=[])
 
 
