@@ -23,13 +23,8 @@ MAX_TEXT_FILE = 16 << 20  # bytes of a prompt or prediction read at most
 def read_inputs(args: argparse.Namespace) -> GenerationRequest:
     """The prompt, messages, prediction and decoding options of the command line as one
     request (the prompt as text: the pair encodes it once loaded), or one ConfigError."""
-    from specdec.core.sampling import SamplingConfig  # torch: not for --help
-    from specdec.request import check_limits, make_request
+    from specdec.request import make_request  # torch: not for --help
 
-    # the decoding options' own checks before any file or standard input is read (make_request
-    # builds the request from everything at the end)
-    check_limits(k=args.k, max_new_tokens=args.max_new_tokens)
-    SamplingConfig(args.temperature, args.top_k, args.top_p)
     if args.prompt is not None and args.prompt_option is not None:
         raise ConfigError("give the prompt once: as the argument or with -p/--prompt")
     given = args.prompt if args.prompt is not None else args.prompt_option
@@ -37,8 +32,6 @@ def read_inputs(args: argparse.Namespace) -> GenerationRequest:
         raise ConfigError("standard input ('-') can be read once: give the others as files")
     if given is None and args.messages is None:
         raise ConfigError("give a prompt (argument or -p/--prompt) or --messages FILE")
-    if args.raw and (args.system is not None or args.messages is not None):
-        raise ConfigError("a raw prompt takes no system prompt or messages: drop --raw")
     prompt = None
     if given == "-":
         prompt = read_text("-", "the prompt", MAX_TEXT_FILE)

@@ -87,10 +87,6 @@ class ExactAttention:
     def kv(self) -> tuple[str, str]:
         return self.type_k, self.type_v
 
-    def text(self) -> str:
-        flash = "flash attention" if self.flash_attn else "no flash attention"
-        return f"{flash}, {self.type_k} keys / {self.type_v} values"
-
     def key(self) -> str:
         """Its part of a cache key (verdicts, target costs, profiles)."""
         return "/".join(self.kv()) + ("" if self.flash_attn else "/no-flash")
@@ -182,30 +178,32 @@ def use_row_invariant_kernels(llama_cpp: Any) -> bool:
 KEEPS_TILED_FROM = 2
 
 
+def _row_invariant_from(llama_cpp: Any, version: int) -> bool:
+    """The exact build's row-invariant mode, patch ``version`` or later, is on (or will be,
+    ``use_row_invariant_kernels`` setting it) for this process."""
+    from specdec.models.ggml_bufts import ggml
+
+    if ggml(llama_cpp).row_invariant_version() < version:
+        return False
+    return os.environ.get(ROW_INVARIANT_ENV, "1").strip() not in ("", "0")
+
+
 def row_invariant_keeps_tiled(llama_cpp: Any) -> bool:
     """Whether exact numerics may leave ggml's tiled K-quant path on: the exact build's
     row-invariant mode (version 2 on) is on, or will be, for this process."""
-    from specdec.models.ggml_bufts import ggml
-
-    if ggml(llama_cpp).row_invariant_version() < KEEPS_TILED_FROM:
-        return False
-    return os.environ.get(ROW_INVARIANT_ENV, "1").strip() not in ("", "0")
+    return _row_invariant_from(llama_cpp, KEEPS_TILED_FROM)
 
 
 def exact_attention(llama_cpp: Any | None = None) -> ExactAttention:
     """The attention exact numerics run with this build (``llama_cpp``: the module, imported
     here when None): llama.cpp's default on the exact build from patch version 4 with its
     row-invariant mode on (or about to be), flash attention with Q8_0 keys otherwise."""
-    from specdec.models.ggml_bufts import ggml
-
     if llama_cpp is None:
         try:
             import llama_cpp
         except ImportError:  # no llama.cpp backend: nothing to run, the general choice
             return FLASH_Q8_0_KEYS
-    if ggml(llama_cpp).row_invariant_version() < DEFAULT_ATTENTION_FROM:
-        return FLASH_Q8_0_KEYS
-    on = os.environ.get(ROW_INVARIANT_ENV, "1").strip() not in ("", "0")
+    on = _row_invariant_from(llama_cpp, DEFAULT_ATTENTION_FROM)
     return DEFAULT_ATTENTION if on else FLASH_Q8_0_KEYS
 
 
