@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.templates import TemplateError, TemplateLimits, render_chat
+from specdec.util.workers import WorkerProcess
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
@@ -96,20 +97,18 @@ def test_a_worker_stuck_in_one_operation_is_killed(
         "sys.stdout.buffer.flush()\n"
         "time.sleep(600)\n"
     )
-    monkeypatch.setattr(isolation, "_BOOT", stuck)
     monkeypatch.setattr(isolation, "GRACE_S", 0.2)
-    started: list[object] = []
-    real_worker = isolation._Worker
+    started: list[WorkerProcess] = []
 
-    def worker() -> object:
-        w = real_worker()
+    def worker() -> WorkerProcess:
+        w = WorkerProcess(isolation.CHILD, isolation.START_TIMEOUT_S, boot=stuck)
         started.append(w)
         return w
 
-    monkeypatch.setattr(isolation, "_Worker", worker)
+    monkeypatch.setattr(isolation, "_start_worker", worker)
     with pytest.raises(TemplateError, match="its process was stopped"):
         render_chat("{{ 1 }}", MESSAGES, limits=TemplateLimits(seconds=0.1))
-    assert started and started[0].proc.poll() is not None  # type: ignore[attr-defined]
+    assert started and not started[0].alive
 
 
 def test_a_template_past_its_memory_limit_stops_its_worker_only(fresh_pool: object) -> None:

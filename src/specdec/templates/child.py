@@ -7,65 +7,23 @@ parent closed it, or died).
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import struct
 import sys
 from typing import Any
 
 from specdec.templates.sandbox import TemplateError, TemplateLimits, render_here
-
-_HEADER = struct.Struct("<Q")
+from specdec.util.workers import (
+    address_space,
+    lift_soft_limit,
+    read_message,
+    set_soft_limit,
+    write_message,
+)
 
 
 class _OutOfTime(BaseException):
     """Raised by the timer: a BaseException, so that no ``except Exception`` inside Jinja
     (its constant folding catches everything) can swallow it."""
-
-
-def _read(stream: Any, n: int) -> bytes | None:
-    data = stream.read(n)
-    return data if data is not None and len(data) == n else None
-
-
-def _receive(stream: Any) -> Any:
-    head = _read(stream, _HEADER.size)
-    if head is None:
-        return None
-    body = _read(stream, _HEADER.unpack(head)[0])
-    return None if body is None else json.loads(body.decode("utf-8", "surrogatepass"))
-
-
-def _send(stream: Any, obj: Any) -> None:
-    body = json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
-    stream.write(_HEADER.pack(len(body)) + body)
-    stream.flush()
-
-
-def _address_space() -> int:
-    """Bytes of address space this process uses now (0 where /proc does not say)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _limit(kind: int, soft: int) -> None:
-    import resource
-
-    _, hard = resource.getrlimit(kind)
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
-    resource.setrlimit(kind, (soft, hard))
-
-
-def _unlimit(kind: int) -> None:
-    import resource
-
-    _, hard = resource.getrlimit(kind)
-    resource.setrlimit(kind, (hard, hard))
 
 
 def _timeout(signum: int, frame: Any) -> None:
@@ -76,12 +34,12 @@ def _render(request: dict[str, Any]) -> dict[str, Any]:
     import resource
 
     limits = TemplateLimits(**request["limits"])
-    base = _address_space()
+    base = address_space()
     cpu = resource.getrusage(resource.RUSAGE_SELF)
     used = int(cpu.ru_utime + cpu.ru_stime)
     if base:
-        _limit(resource.RLIMIT_AS, base + limits.memory_bytes)
-    _limit(resource.RLIMIT_CPU, used + int(limits.seconds) + 3)
+        set_soft_limit(resource.RLIMIT_AS, base + limits.memory_bytes)
+    set_soft_limit(resource.RLIMIT_CPU, used + int(limits.seconds) + 3)
     signal.setitimer(signal.ITIMER_REAL, limits.seconds)
     try:
         text = render_here(
@@ -101,8 +59,8 @@ def _render(request: dict[str, Any]) -> dict[str, Any]:
         }
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        _unlimit(resource.RLIMIT_AS)
-        _unlimit(resource.RLIMIT_CPU)
+        lift_soft_limit(resource.RLIMIT_AS)
+        lift_soft_limit(resource.RLIMIT_CPU)
 
 
 def _warm_up() -> None:
@@ -117,12 +75,12 @@ def main() -> None:
     signal.signal(signal.SIGALRM, _timeout)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but replies on the real standard output
-    _send(stdout, {"ready": True})
-    while (request := _receive(stdin)) is not None:
+    write_message(stdout, {"ready": True})
+    while (request := read_message(stdin)) is not None:
         try:
             reply = _render(request)
         except _OutOfTime:  # the timer fired just outside the render
             reply = {"error": "the chat template ran out of time"}
-        _send(stdout, reply)
+        write_message(stdout, reply)
         if reply.get("fatal"):
             return
