@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
 from specdec.completion import Comparison, Completion, TextStream
 from specdec.configuration import MACHINE_DEFAULT, Configuration, measured_costs, resolve
+from specdec.constraints.grammars import Grammars
 from specdec.core.detokenize import IncrementalDecoder
 from specdec.core.drafter import Drafter
 from specdec.core.loop import as_drafter, generate_stream
@@ -94,6 +95,15 @@ class Pair:
         self.auto = auto
         self.config = config
         self.log = log
+        self._grammars: Grammars | None = None
+
+    @property
+    def grammars(self) -> Grammars:
+        """The target's constraints (``specdec.constraints``): its vocabulary for the grammar
+        engine, built on first use, and the constraints checked so far."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.target)
+        return self._grammars
 
     def target_costs(self) -> Costs | None:
         """The target's costs: a planned drafter's own, else (for a pair from ``load``) measured
@@ -185,7 +195,12 @@ class Pair:
             frequency=request.frequency_penalty,
             repetition=request.repetition_penalty,
         )
-        return chain([bias, penalties if penalties.active else None])
+        grammar = (
+            None
+            if request.constraint is None
+            else self.grammars.processor(request.constraint, len(prompt_ids))
+        )
+        return chain([bias, penalties if penalties.active else None, grammar])
 
     stream = _streaming(make_request)
 

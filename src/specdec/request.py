@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from specdec.constraints.spec import Constraint, ConstraintError, grammar_constraint, json_schema
 from specdec.core.processors import MAX_BIAS, check_penalties
 from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.core.stops import check_stops
@@ -43,6 +44,7 @@ class GenerationRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    constraint: Constraint | None = None  # the output's schema or grammar (constraints.spec)
 
     @property
     def text(self) -> str:
@@ -87,6 +89,10 @@ def make_request(
     presence_penalty: float = 0.0,
     frequency_penalty: float = 0.0,
     repetition_penalty: float = 1.0,
+    json_schema: object = None,
+    grammar: str | None = None,
+    regex: str | None = None,
+    constraint: Constraint | None = None,
 ) -> GenerationRequest:
     """The checked request, or a ``ConfigError`` naming the bad argument (``Pair.stream``
     takes these arguments; the prompt's text is encoded by the pair, which has the tokenizer).
@@ -134,11 +140,23 @@ def make_request(
                     transformers' rule). Every processor applies to the draft's rows as to
                     the target's, along the draft's path, so the output keeps the
                     distribution of plain decoding with the same settings.
+    json_schema:    the output is one JSON value this JSON Schema accepts: a dict, its JSON
+                    text, or a class with ``model_json_schema()`` (a Pydantic model).
+    grammar:        the output follows this grammar: Lark (as llguidance takes it, with
+                    ``%json {...}`` for embedded schemas) or GBNF (llama.cpp's format, told
+                    apart by its ``::=``).
+    regex:          the whole output matches this regular expression.
+    constraint:     a ``specdec.constraints.Constraint`` (any of the above, or any JSON
+                    object: ``Constraint("json_object")``). At most one of these four; the
+                    mask applies to the target's rows and the draft's alike, so the output
+                    has the distribution of plain decoding under the same constraint
+                    (docs/structured-outputs.md). Needs the ``structured`` extra.
     """
     check_limits(k=k, max_new_tokens=max_new_tokens)
     sampling = SamplingConfig(temperature, top_k, top_p)
     check_penalties(presence_penalty, frequency_penalty, repetition_penalty)
     stops = tuple(check_stops(stop))
+    constrained = one_constraint(json_schema, grammar, regex, constraint)
     ids_or_text: str | tuple[int, ...] | None = None
     if prompt is None or isinstance(prompt, str):
         if raw and chat:
@@ -173,7 +191,39 @@ def make_request(
         presence_penalty=float(presence_penalty),
         frequency_penalty=float(frequency_penalty),
         repetition_penalty=float(repetition_penalty),
+        constraint=constrained,
     )
+
+
+def one_constraint(
+    schema: object, grammar: str | None, regex: str | None, constraint: Constraint | None
+) -> Constraint | None:
+    """The one constraint among ``make_request``'s four arguments (None without one), or a
+    ConstraintError naming the argument that is wrong."""
+    given = [
+        name
+        for name, value in (
+            ("json_schema", schema),
+            ("grammar", grammar),
+            ("regex", regex),
+            ("constraint", constraint),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise ConstraintError(given[1], f"give one constraint, not {' and '.join(given)}")
+    if constraint is not None:
+        if not isinstance(constraint, Constraint):
+            raise ConstraintError("constraint", "not a specdec.constraints.Constraint")
+        return constraint
+    if schema is not None:
+        make_schema = getattr(schema, "model_json_schema", None)
+        return json_schema(make_schema() if callable(make_schema) else schema, "json_schema")
+    if grammar is not None:
+        return grammar_constraint(grammar, "grammar")
+    if regex is not None:
+        return Constraint("regex", regex, "regex")
+    return None
 
 
 def check_logit_bias(bias: Mapping[int, float] | None) -> tuple[tuple[int, float], ...]:

@@ -68,9 +68,14 @@ def speculative_round(
         # drafts the processor rules out (a grammar's mask) are rejected without a pass
         with stopwatch.section("sampling"):
             n_legal = legal_prefix(processor, ctx, draft.tokens)
-        if n_legal < k_r:
-            probs = None if draft.probs is None else draft.probs[:n_legal]
-            draft = Draft(draft.tokens[:n_legal], probs, draft.source)
+        # A one-hot draft ruled out is rejected for sure and the walk then samples the
+        # target's row, so it is cut here. A draft sampled from q rows (a drafter that did
+        # not mask them) keeps its first ruled-out token: the walk rejects it (p = 0) and
+        # samples the residual max(0, p - q), which sampling the row itself would not be.
+        keep = n_legal + (draft.probs is not None and not sampling.greedy)
+        if keep < k_r:
+            probs = None if draft.probs is None else draft.probs[:keep]
+            draft = Draft(draft.tokens[:keep], probs, draft.source)
     assert target.n_cached == len(ctx) - 1, "target cache out of sync with the context"
     # 3. Verify: ONE target pass over [last context token, x_1..x_K] -> K + 1 rows.
     with stopwatch.section("verify"):

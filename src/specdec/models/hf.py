@@ -96,6 +96,28 @@ class HFTokenizer:
         """The vocabulary strings of ids 0..n-1 (None past the tokenizer's own tokens)."""
         return list(self.tok.convert_ids_to_tokens(list(range(n))))
 
+    def token_pieces(self, n: int) -> tuple[list[bytes], frozenset[int]]:
+        """The bytes each id 0..n-1 adds to the text (b"" past the tokenizer's own tokens) and
+        the special tokens, which add no text (``specdec.constraints``: a grammar's mask).
+        Byte-level vocabularies (GPT-2's byte-to-character map) and SentencePiece-style ones
+        (``▁`` for a space, ``<0xNN>`` byte tokens) are read; others as their token text."""
+        specials = {int(i) for i in self.tok.all_special_ids}
+        decoder = getattr(self.tok, "added_tokens_decoder", {}) or {}
+        specials |= {int(i) for i, t in decoder.items() if getattr(t, "special", False)}
+        texts = self.token_texts(n)
+        byte_level = _byte_level(texts)
+        pieces: list[bytes] = []
+        for i, text in enumerate(texts):
+            if text is None or i in specials:
+                pieces.append(b"")
+            elif byte_level is not None and i not in decoder:
+                pieces.append(bytes(byte_level[ch] for ch in text))
+            elif len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+                pieces.append(bytes([int(text[3:5], 16)]))
+            else:
+                pieces.append(text.replace("\u2581", " ").encode("utf-8"))
+        return pieces, frozenset(i for i in specials if i < n)
+
     def encode_piece(self, text: str, *, special: bool) -> list[int]:
         """Ids of ``text`` without BOS; special-token text parsed only when ``special``."""
         if not text:
@@ -123,6 +145,21 @@ class HFTokenizer:
         from specdec.templates import encode_chat
 
         return encode_chat(self, messages, parse_special=parse_special)
+
+
+def _byte_level(texts: Sequence[str | None]) -> dict[str, int] | None:
+    """GPT-2's character-to-byte map when every token text is written in it (a byte-level
+    BPE vocabulary), else None."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    if any(t and any(ch not in chars for ch in t) for t in texts[:2000]):
+        return None
+    return chars
 
 
 def _gguf_key(path: Path) -> str:

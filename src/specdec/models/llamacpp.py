@@ -54,6 +54,7 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
 
 from __future__ import annotations
 
+import ctypes
 import os
 import weakref
 from collections.abc import Sequence
@@ -163,6 +164,31 @@ class LlamaCppTokenizer:
             else None
             for i in range(n)
         ]
+
+    def token_pieces(self, n: int) -> tuple[list[bytes], frozenset[int]]:
+        """The bytes each id 0..n-1 adds to the text (b"" past the model's vocabulary) and
+        the control tokens, which add no text (``specdec.constraints``: a grammar's mask)."""
+        llama_cpp = _import_llama()
+        have = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        flags = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        size = 256
+        buf = ctypes.create_string_buffer(size)
+        pieces: list[bytes] = []
+        special: set[int] = set()
+        for i in range(min(n, have)):
+            if llama_cpp.llama_vocab_get_attr(self.vocab, i) & flags:
+                special.add(i)
+                pieces.append(b"")
+                continue
+            got = llama_cpp.llama_token_to_piece(self.vocab, i, buf, size, 0, True)
+            if got > size:  # not seen in real vocabularies; read it whole
+                big = ctypes.create_string_buffer(got)
+                got = llama_cpp.llama_token_to_piece(self.vocab, i, big, got, 0, True)
+                pieces.append(big.raw[:got])
+            else:
+                pieces.append(buf.raw[: max(got, 0)])
+        pieces += [b""] * (n - len(pieces))
+        return pieces, frozenset(special)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         if not text:

@@ -39,6 +39,24 @@ class MockTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(f"<{int(i)}>" for i in ids)
 
+    # the text a grammar sees for ids 3, 4, ...: one character each, no two with a common
+    # prefix, so that any text over them has one tokenization (ids past it add no text)
+    PIECES = (
+        "abcdefghijklmnopqrstuvwxyz"
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&'()*+,-./:;<=>?@[]^_`{|}~"
+    )
+
+    def token_pieces(self, n: int) -> tuple[list[bytes], frozenset[int]]:
+        """One character per id from 3 on (``PIECES``: id 3 is "a"), for a grammar over the
+        mock vocabulary (``specdec.constraints``); the special ids 0..2 add no text. (The
+        mock's ``decode`` shows ids, ``<3>``: a grammar sees these characters instead.)"""
+        specials = frozenset(i for i in (self.BOS, self.EOS, self.PAD) if i < n)
+        pieces = [
+            b"" if i in specials or i - 3 >= len(self.PIECES) else self.PIECES[i - 3].encode()
+            for i in range(n)
+        ]
+        return pieces, specials
+
 
 @dataclass(frozen=True)
 class MockSpec:
