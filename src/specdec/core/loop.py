@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.core.drafter import Drafter
-from specdec.core.model import CausalLM, cached_prefix_len, extend_last
+from specdec.core.model import CausalLM, extend_last, reuse_prefix_len
 from specdec.core.model_drafter import ModelDrafter
 from specdec.core.policy import FixedK, KPolicy
 from specdec.core.processors import RowProcessor
@@ -75,8 +75,9 @@ def _prefill(
     target: CausalLM, drafter: Drafter | None, ctx: Sequence[int], reuse_prefix: bool
 ) -> None:
     """Make the target cache ctx[:-1] and the drafter ctx[:-1]: with reuse_prefix, keep what
-    the caches already share with the prompt (backends that report ``cached_tokens``)."""
-    keep = cached_prefix_len(target, ctx[:-1]) if reuse_prefix else 0
+    the caches already share with the prompt (backends that report ``cached_tokens``), or
+    what a snapshot of an earlier prompt's cache shares with it (``reuse_prefix``)."""
+    keep = reuse_prefix_len(target, ctx[:-1]) if reuse_prefix else 0
     if target.n_cached > keep:
         target.truncate(keep)
     if len(ctx) - 1 > keep:
