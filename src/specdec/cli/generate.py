@@ -58,6 +58,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "input): drafted from where the output stands in it (OpenAI's Predicted Outputs); the "
         "output stays what it would be without it, only faster",
     )
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        help="the output is one JSON value this JSON Schema (a file) accepts; draft and target "
+        "are masked alike, so greedy output is plain decoding's under the schema "
+        "(docs/structured-outputs.md; needs the structured extra)",
+    )
+    shape.add_argument(
+        "--grammar",
+        metavar="FILE",
+        help="the output follows this grammar (a file): Lark as llguidance takes it, or GBNF "
+        "(llama.cpp's format, told apart by its '::=')",
+    )
     p.add_argument(
         "--parse-special",
         action="store_true",

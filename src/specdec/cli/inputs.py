@@ -15,9 +15,11 @@ from specdec.prompting import check_text, read_messages
 from specdec.util.textfiles import read_text
 
 if TYPE_CHECKING:
+    from specdec.constraints.spec import Constraint
     from specdec.request import GenerationRequest
 
 MAX_TEXT_FILE = 16 << 20  # bytes of a prompt or prediction read at most
+MAX_GRAMMAR_FILE = 1 << 20  # bytes of a JSON schema or a grammar read at most
 
 
 def read_inputs(args: argparse.Namespace) -> GenerationRequest:
@@ -44,6 +46,7 @@ def read_inputs(args: argparse.Namespace) -> GenerationRequest:
     prediction = None
     if args.prediction is not None:
         prediction = read_text(args.prediction, "--prediction", MAX_TEXT_FILE)
+    constraint = read_constraint(args)
     return make_request(
         prompt,
         messages=messages,
@@ -61,4 +64,19 @@ def read_inputs(args: argparse.Namespace) -> GenerationRequest:
         stop=args.stop,
         prediction=prediction,
         parse_special=args.parse_special,  # the prompt's, the messages' and the prediction's
+        constraint=constraint,
     )
+
+
+def read_constraint(args: argparse.Namespace) -> Constraint | None:
+    """``--json-schema FILE`` or ``--grammar FILE`` as a constraint naming its flag (checked
+    against the model's vocabulary once it is loaded), or None."""
+    from specdec.constraints.spec import grammar_constraint, json_schema
+
+    if getattr(args, "json_schema", None) is not None:
+        text = read_text(args.json_schema, "--json-schema", MAX_GRAMMAR_FILE)
+        return json_schema(text, "--json-schema")
+    if getattr(args, "grammar", None) is not None:
+        text = read_text(args.grammar, "--grammar", MAX_GRAMMAR_FILE)
+        return grammar_constraint(text, "--grammar")
+    return None

@@ -44,6 +44,7 @@ class MockTokenizer:
     PIECES = (
         "abcdefghijklmnopqrstuvwxyz"
         "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&'()*+,-./:;<=>?@[]^_`{|}~"
+        ' "\\\n'  # then space, quote, backslash, newline: JSON's (ids 95..98)
     )
 
     def token_pieces(self, n: int) -> tuple[list[bytes], frozenset[int]]:

@@ -40,6 +40,7 @@ from specdec.serve.errors import APIError, error_response, validation_error
 from specdec.serve.generation import (
     ServeSettings,
     chat_prompt,
+    check_constraint,
     openai_finish_reason,
     plan,
     prediction_ids,
@@ -170,6 +171,7 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
         ids = await asyncio.to_thread(state.completion_ids, req)  # off the event loop
         pred = await asyncio.to_thread(state.prediction_ids, req)
         params = plan(pair, req, ids, config.settings, pred)
+        await asyncio.to_thread(check_constraint, pair, params)
         return await _respond(state, req, params, request, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
@@ -178,6 +180,7 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
         ids = await asyncio.to_thread(state.chat_ids, req)
         pred = await asyncio.to_thread(state.prediction_ids, req)
         params = plan(pair, req, ids, config.settings, pred)
+        await asyncio.to_thread(check_constraint, pair, params)
         return await _respond(state, req, params, request, chat=True)
 
     def record(path: str, status: int) -> None:

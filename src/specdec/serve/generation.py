@@ -20,6 +20,7 @@ from typing import Any
 
 from specdec.api import Pair
 from specdec.completion import Completion
+from specdec.constraints.spec import Constraint
 from specdec.core.loop import validate_request
 from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
@@ -130,9 +131,11 @@ def plan(
     prompt_ids: list[int],
     settings: ServeSettings,
     prediction: list[int] | None = None,
+    constraint: Constraint | None = None,
 ) -> GenerationRequest:
     """Check that the prompt fits and fill in the defaults: the request the worker generates
-    (the prompt and the prediction as token ids); FieldError on a bad request."""
+    (the prompt and the prediction as token ids; ``constraint`` the tools' when they make
+    one, else the response format's); FieldError on a bad request."""
     req.check()
     param = "messages" if isinstance(req, ChatRequest) else "prompt"
     n_ctx = pair_context_limit(pair.draft, pair.target)
@@ -160,7 +163,21 @@ def plan(
         seed=req.seed if req.seed is not None else secrets.randbits(63),
         stop=tuple(req.stop or ()),
         prediction=drafted,
+        constraint=constraint if constraint is not None else req.constraint(),
     )
+
+
+def check_constraint(pair: Pair, request: GenerationRequest) -> None:
+    """The request's constraint tried against the target's vocabulary (in a worker process
+    with a deadline and a memory limit: ``constraints.check``), so that a bad schema or
+    grammar is a 400 naming its field before anything is queued; blocking (a helper thread)."""
+    c = request.constraint
+    if c is None:
+        return
+    try:
+        pair.grammars.check(c)
+    except SpecdecError as e:  # ConstraintError names its field; a backend without bytes too
+        raise FieldError(getattr(e, "field", c.field), str(e)) from e
 
 
 def work(

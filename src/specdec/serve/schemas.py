@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from specdec.constraints.spec import Constraint, ConstraintError, json_schema
 from specdec.serve.errors import FieldError
 from specdec.util.bounds import SEED_LIMIT  # as the CLI
 
@@ -54,6 +55,40 @@ class PredictionContent(BaseModel):
         return "".join(p.text for p in self.content)
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's ``response_format.json_schema``: the schema the output follows. ``strict``
+    is taken either way: the schema is always enforced (by the mask, never by a retry)."""
+
+    model_config = ConfigDict(extra="ignore")
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: text (no constraint), any JSON object, or a schema."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def constraint(self) -> Constraint | None:
+        """The constraint this format asks for (None for text), or a FieldError naming it."""
+        try:
+            if self.type == "json_object":
+                return Constraint("json_object", "", "response_format")
+            if self.type == "json_schema":
+                if self.json_schema is None or self.json_schema.schema_ is None:
+                    raise FieldError(
+                        "response_format", "a json_schema response format needs json_schema.schema"
+                    )
+                return json_schema(self.json_schema.schema_, "response_format")
+        except ConstraintError as e:
+            raise FieldError(e.field, str(e)) from e
+        return None
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
@@ -72,7 +107,6 @@ UNSUPPORTED: Mapping[str, tuple[Any, ...]] = MappingProxyType(
         "frequency_penalty": (None, 0, 0.0),
         "tools": (None, []),
         "functions": (None, []),
-        "response_format": (None, {"type": "text"}),
         "audio": (None,),
     }
 )
@@ -101,6 +135,7 @@ class GenerationFields(BaseModel):
     speculative: Speculative | None = None
     speculative_n_max: int | None = Field(default=None, alias="speculative.n_max", ge=0, le=64)
     prediction: PredictionContent | None = None
+    response_format: ResponseFormat | None = None
 
     @field_validator("temperature", "top_p", "top_k", "n", "stream", mode="before")
     @classmethod
@@ -133,6 +168,10 @@ class GenerationFields(BaseModel):
 
     def wanted_tokens(self) -> int | None:
         return self.max_tokens
+
+    def constraint(self) -> Constraint | None:
+        """The output's constraint from ``response_format`` (None: free text)."""
+        return None if self.response_format is None else self.response_format.constraint()
 
     def k_override(self) -> int | None:
         """The request's drafts per round, if it names one."""
