@@ -239,7 +239,7 @@ class Llguidance(Adapter):
 
 
 class LlguidanceSpecdec(Llguidance):
-    """llguidance with the options specdec uses (whitespace bounded to 16 characters)."""
+    """llguidance with the options specdec uses (whitespace bounded: engine.JSON_WHITESPACE)."""
 
     name = "llguidance-specdec"
 
