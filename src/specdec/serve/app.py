@@ -39,6 +39,7 @@ from specdec.serve.engine import Engine, Failed, Finished, Job, QueueFull, Shutt
 from specdec.serve.errors import APIError, error_response, validation_error
 from specdec.serve.generation import (
     ServeSettings,
+    chat_constraint,
     chat_prompt,
     check_constraint,
     openai_finish_reason,
@@ -68,6 +69,7 @@ from specdec.serve.schemas import (
     Timings,
     Usage,
 )
+from specdec.serve.tools import CallSplitter, parse_calls, template_tools
 from specdec.util.credentials import check_api_key
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
@@ -179,9 +181,11 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
         _check_model(req, config)
         ids = await asyncio.to_thread(state.chat_ids, req)
         pred = await asyncio.to_thread(state.prediction_ids, req)
-        params = plan(pair, req, ids, config.settings, pred)
+        constraint = chat_constraint(pair, req)
+        params = plan(pair, req, ids, config.settings, pred, constraint)
         await asyncio.to_thread(check_constraint, pair, params)
-        return await _respond(state, req, params, request, chat=True)
+        tools = template_tools(req) is not None
+        return await _respond(state, req, params, request, chat=True, tools=tools)
 
     def record(path: str, status: int) -> None:
         state.metrics.request(path if path in ENDPOINTS else "other", status)
@@ -272,8 +276,16 @@ def _submit(state: _State, params: GenerationRequest, stream: bool) -> Job:
 
 
 async def _respond(
-    state: _State, req: GenerationFields, params: GenerationRequest, request: Request, *, chat: bool
+    state: _State,
+    req: GenerationFields,
+    params: GenerationRequest,
+    request: Request,
+    *,
+    chat: bool,
+    tools: bool = False,
 ) -> Response:
+    """The response to a request: SSE chunks when it streams, else one body; ``tools``: the
+    output is read for tool calls (``serve.tools``)."""
     job = _submit(state, params, req.stream)
     ids = _Ids(
         id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
@@ -282,7 +294,7 @@ async def _respond(
     )
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        events = _sse(job, ids, chat=chat, include_usage=include_usage)
+        events = _sse(job, ids, chat=chat, include_usage=include_usage, tools=tools)
         return EventSourceResponse(events, ping=15)
     try:
         while True:
@@ -301,7 +313,7 @@ async def _respond(
     completion: Completion | None = message.value
     if completion is None:  # cancelled by a shutdown
         raise APIError(503, "the server is shutting down; the request was cancelled")
-    return JSONResponse(_final_body(completion, ids, chat=chat))
+    return JSONResponse(_final_body(completion, ids, chat=chat, tools=tools))
 
 
 @dataclass(frozen=True)
@@ -311,12 +323,18 @@ class _Ids:
     model: str
 
 
-def _final_body(c: Completion, ids: _Ids, *, chat: bool) -> dict[str, Any]:
+def _final_body(c: Completion, ids: _Ids, *, chat: bool, tools: bool = False) -> dict[str, Any]:
     res = c.result
     reason = openai_finish_reason(res.finish_reason)
     u, t = _stats(res)
     if chat:
-        choice = ChatChoice(message=AssistantMessage(content=c.text), finish_reason=reason)
+        content, calls = parse_calls(c.text) if tools else (c.text, [])
+        message = AssistantMessage(
+            content=content, tool_calls=[call.as_openai() for call in calls] or None
+        )
+        if calls:
+            reason = "tool_calls"
+        choice = ChatChoice(message=message, finish_reason=reason)
         return ChatResponse(
             id=ids.id, created=ids.created, model=ids.model, choices=[choice], usage=u, timings=t
         ).model_dump()
@@ -335,12 +353,13 @@ def _chunk(
     finish_reason: str | None = None,
     result: GenerationResult | None = None,
     with_choice: bool = True,
+    calls: list[dict[str, Any]] | None = None,
 ) -> str:
     """One SSE data payload in OpenAI's chunk format (statistics on the last chunks)."""
     u, t = _stats(result) if result is not None else (None, None)
     envelope: ChatChunk | CompletionResponse
     if chat:
-        delta = ChatDelta(role=role, content=text)
+        delta = ChatDelta(role=role, content=text, tool_calls=calls)
         choices = [ChatChunkChoice(delta=delta, finish_reason=finish_reason)]
         envelope = ChatChunk(
             id=ids.id,
@@ -371,18 +390,23 @@ def _stats(result: GenerationResult) -> tuple[Usage, Timings]:
 
 
 async def _sse(
-    job: Job, ids: _Ids, *, chat: bool, include_usage: bool
+    job: Job, ids: _Ids, *, chat: bool, include_usage: bool, tools: bool = False
 ) -> AsyncIterator[ServerSentEvent]:
     """OpenAI chunks: a role chunk (chat), text chunks as rounds are accepted, a final chunk
-    with the finish reason (and the statistics), then ``[DONE]``. A client that goes away
-    cancels the generation (sse-starlette cancels this generator; ``finally`` tells the job)."""
+    with the finish reason (and the statistics), then ``[DONE]``. With ``tools``, text from
+    ``<tool_call>`` on is held back and sent as ``tool_calls`` deltas at the end. A client
+    that goes away cancels the generation (sse-starlette cancels this generator; ``finally``
+    tells the job)."""
+    splitter = CallSplitter() if tools else None
     try:
         if chat:
             yield ServerSentEvent(_chunk(ids, chat=True, text="", role="assistant"))
         while True:
             message = await job.next()
             if isinstance(message, str):
-                yield ServerSentEvent(_chunk(ids, chat=chat, text=message))
+                piece = message if splitter is None else splitter.feed(message)
+                if piece:
+                    yield ServerSentEvent(_chunk(ids, chat=chat, text=piece))
                 continue
             if isinstance(message, Failed):
                 err = message.error
@@ -405,6 +429,14 @@ async def _sse(
                 return
             res = completion.result
             reason = openai_finish_reason(res.finish_reason)
+            if splitter is not None:
+                rest, calls = splitter.finish()
+                if rest:
+                    yield ServerSentEvent(_chunk(ids, chat=chat, text=rest))
+                if calls:
+                    deltas = [call.as_openai(i) for i, call in enumerate(calls)]
+                    yield ServerSentEvent(_chunk(ids, chat=chat, text=None, calls=deltas))
+                    reason = "tool_calls"
             yield ServerSentEvent(
                 _chunk(ids, chat=chat, text=None, finish_reason=reason, result=res)
             )

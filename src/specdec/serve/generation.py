@@ -53,21 +53,25 @@ def chat_prompt(
     """The messages through the target's chat template (system + multi-turn). Message text is
     text (special-token text in it is not parsed) unless ``parse_special``; the template is
     rendered without holding ``lock``, only the tokenizer's calls hold it."""
+    from specdec.serve.tools import message_for_template, template_tools
     from specdec.templates import chat_segments, encode_segments, supports_chat
 
     tok = pair.target.tokenizer
     apply = getattr(tok, "apply_chat", None)
     if apply is None:
         raise FieldError("messages", "this model has no chat template: use /v1/completions")
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in req.messages
-    ]
+    messages = [message_for_template(m) for m in req.messages]
+    tools = template_tools(req)
+    if (tools or any(m.tool_calls or m.role == "tool" for m in req.messages)) and not (
+        supports_chat(tok)
+    ):
+        raise FieldError("tools", "tool use needs the model's own chat template")
     try:
         for i, m in enumerate(messages):
             check_text(m["content"], f"messages[{i}] content")
         if supports_chat(tok):
-            segments = chat_segments(tok, messages, parse_special=parse_special)
+            extra = {"tools": tools} if tools else None
+            segments = chat_segments(tok, messages, parse_special=parse_special, extra=extra)
             with lock:
                 return encode_segments(tok, segments)
         with lock:
@@ -165,6 +169,19 @@ def plan(
         prediction=drafted,
         constraint=constraint if constraint is not None else req.constraint(),
     )
+
+
+def chat_constraint(pair: Pair, req: ChatRequest) -> Constraint | None:
+    """A chat request's output constraint: its tools' (``serve.tools``) or its response
+    format's; a FieldError naming the field that is wrong."""
+    from specdec.constraints.spec import ConstraintError
+    from specdec.serve.tools import request_constraint
+
+    template = getattr(pair.target.tokenizer, "chat_template", None)
+    try:
+        return request_constraint(req, template if isinstance(template, str) else None)
+    except ConstraintError as e:
+        raise FieldError(e.field, str(e)) from e
 
 
 def check_constraint(pair: Pair, request: GenerationRequest) -> None:

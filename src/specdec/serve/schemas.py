@@ -105,7 +105,7 @@ UNSUPPORTED: Mapping[str, tuple[Any, ...]] = MappingProxyType(
         "logit_bias": (None, {}),
         "presence_penalty": (None, 0, 0.0),
         "frequency_penalty": (None, 0, 0.0),
-        "tools": (None, []),
+        "tools": (None, []),  # /v1/completions (chat takes tools)
         "functions": (None, []),
         "audio": (None,),
     }
@@ -195,25 +195,94 @@ class CompletionRequest(GenerationFields):
         return v  # type: ignore[return-value]
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(max_length=256)
+    arguments: str = "{}"  # JSON text, as OpenAI sends it
+
+
+class MessageToolCall(BaseModel):
+    """A call in an earlier assistant message."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # the parameters are always enforced (a grammar)
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
 
 
+MAX_TOOLS = 128
+
+
 class ChatRequest(GenerationFields):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     def check(self) -> None:
         super().check()
-        if not any(m.text().strip() for m in self.messages):
+        if not any(m.text().strip() or m.tool_calls for m in self.messages):
             raise FieldError("messages", "no message has any content")
+        if self.tools and self.prediction is not None:
+            raise FieldError("tools", "tools cannot be used with prediction")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise FieldError("tools", "two tools have the same name")
+        choice = self.choice()
+        if choice not in ("none", "auto", "required") and choice not in names:
+            raise FieldError("tool_choice", f"tool_choice names {choice!r}, not one of the tools")
+        if choice == "required" and not names:
+            raise FieldError("tool_choice", "tool_choice 'required' needs tools")
+
+    def choice(self) -> str:
+        """``none``, ``auto``, ``required`` or the name of the function to call (OpenAI's
+        default: ``auto`` with tools, ``none`` without)."""
+        c = self.tool_choice
+        if c is None:
+            return "auto" if self.tools else "none"
+        return c if isinstance(c, str) else c.function.name
 
     def wanted_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -268,7 +337,8 @@ class CompletionChoice(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -280,6 +350,7 @@ class ChatChoice(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -124,13 +124,15 @@ def chat_segments(
     messages: Sequence[Mapping[str, Any]],
     *,
     parse_special: bool = False,
+    extra: Mapping[str, Any] | None = None,
 ) -> Segments:
     """Render ``messages`` through the tokenizer's template (the slow part, which needs no
-    lock on the tokenizer), as segments for ``encode_segments``."""
+    lock on the tokenizer), as segments for ``encode_segments``; ``extra``: more template
+    variables (``tools``: the functions a model may call)."""
     template = tokenizer.chat_template
     if not template:
         raise TemplateError("this model has no chat template")
-    variables = tokenizer.chat_variables()
+    variables = {**tokenizer.chat_variables(), **(extra or {})}
     if parse_special:
         return [(render.render_chat(template, messages, variables), True)]
     used = [template, *(v for v in variables.values() if isinstance(v, str))]
