@@ -96,6 +96,8 @@ def tool_constraint(
     if choice == "none":
         return None
     named = [f for f in functions if choice in ("auto", "required") or f["name"] == choice]
+    if not named:
+        raise ConstraintError("tool_choice", f"tool_choice names {choice!r}, not one of the tools")
     try:
         call = json.dumps(call_schema(named), ensure_ascii=False, allow_nan=False)
         answer = None
