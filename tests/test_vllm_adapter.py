@@ -136,37 +136,42 @@ def test_the_ngram_setting() -> None:
 
 def test_before_any_step_the_curve_is_the_flat_prior() -> None:
     clock = StepClock()
-    assert clock.curve(range(1, 4)) == pytest.approx(
-        [1.0, 1.0 + PRIOR_SLOPE, 1.0 + 2 * PRIOR_SLOPE]
-    )
+    assert clock.line() == (1.0, PRIOR_SLOPE)
     costs = clock.costs(others=2, k=4)
     assert len(costs.verify_s) == 5  # a pass of 1..K+1 rows for this request
-    assert costs.verify_s[0] == pytest.approx(clock.seconds(3))
+    assert costs.verify_s == pytest.approx([1.0 + PRIOR_SLOPE * (2 + n) for n in range(5)])
 
 
-def test_the_clock_learns_medians_drops_warmup_and_idleness() -> None:
+def test_the_clock_fits_a_line_through_medians_and_drops_warmup_and_idleness() -> None:
     clock = StepClock()
     for _ in range(WARMUP):
         assert not clock.observe(5, 100.0)  # first steps: compiled kernels, not kept
     for s in (0.10, 0.12, 0.11):
         assert clock.observe(1, s)
-    for s in (0.20, 0.22, 0.21, 0.9):
+    a, b = clock.line()  # one count measured: the prior's slope, anchored there
+    assert a == pytest.approx(0.11) and b == pytest.approx(PRIOR_SLOPE * 0.11)
+    for s in (0.27, 0.26, 0.9, 0.27):  # one slow step among them: the median ignores it
         assert clock.observe(17, s)
-    assert clock.seconds(1) == pytest.approx(0.11)
-    assert clock.seconds(17) == pytest.approx(0.215)
-    assert clock.seconds(9) == pytest.approx(0.11 + (0.215 - 0.11) / 2)  # interpolated
-    assert clock.seconds(33) > clock.seconds(17)  # past what was seen: the prior's slope
-    assert not clock.observe(2, 10.0)  # a gap of 90 steps: the engine was idle
+    a, b = clock.line()
+    assert a == pytest.approx(0.11) and b == pytest.approx(0.01)
+    assert clock.seconds(9) == pytest.approx(0.19)
+    assert not clock.observe(2, 10.0)  # a gap of 80 steps: the engine was idle
     assert len(clock.samples[1]) == MIN_SAMPLES
 
 
-def test_the_curve_never_falls() -> None:
+def test_the_fitted_line_never_falls_and_stays_positive() -> None:
     clock = StepClock(skipped_warmup=WARMUP)
-    for t, s in ((1, 0.3), (2, 0.1), (3, 0.2)):
+    for t, s in ((1, 0.3), (9, 0.1), (17, 0.2)):
         for _ in range(MIN_SAMPLES):
             clock.observe(t, s)
-    curve = clock.curve(range(1, 5))
-    assert curve == sorted(curve) and curve[0] == pytest.approx(0.3)
+    a, b = clock.line()
+    assert a > 0 and b == 0.0
+    clock = StepClock(skipped_warmup=WARMUP)
+    for t, s in ((5, 0.05), (9, 0.5)):
+        for _ in range(MIN_SAMPLES):
+            clock.observe(t, s)
+    a, b = clock.line()
+    assert a > 0 and b > 0 and clock.seconds(1) == pytest.approx(a)
 
 
 # -- the adapter in a simulated engine ----------------------------------------------------------

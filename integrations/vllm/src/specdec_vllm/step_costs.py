@@ -6,13 +6,17 @@ no such pass to time, and a step's cost depends on the whole batch, so the propo
 the engine instead: the seconds between two consecutive calls of its ``propose`` are one
 engine step (schedule, forward pass over every scheduled token, sampling, rejection, the
 proposal), and it knows how many tokens that step verified (each running request's one token
-plus the draft it was given). ``StepClock`` keeps the recent seconds per token count and
-answers ``seconds(T)``: the median of the steps seen with T tokens, interpolated between the
-counts seen (and made non-decreasing); past the largest count seen it extrapolates with a
-small slope (``PRIOR_SLOPE`` of a step per token), so drafts longer than any tried look
-cheap, get tried, and are then measured. Before any step is timed, a step of T tokens is
-taken to cost 1 + PRIOR_SLOPE * (T - 1) (the planner compares rates, so the unit does not
-matter).
+plus the draft it was given). ``StepClock`` keeps the latest seconds per token count and fits
+a line through their medians, weighted by how many steps each has:
+
+    seconds(T) = a + b * (T - 1),   a > 0, b >= 0
+
+(a step's fixed cost and its cost per verified token: on a CPU both are large, on a GPU b is
+near 0 until the batch fills the chip). A median per count keeps one slow step (the OS, the
+API server's own work) from moving the line. Until two counts have ``MIN_SAMPLES`` steps each,
+the slope is the prior's, ``PRIOR_SLOPE`` of a step per token (optimistic: drafts get tried,
+and then measured), anchored at the one count measured, or at 1.0 before any (the planner
+compares rates, so the unit does not matter).
 
 A sample is taken only from a step that ran back to back with the one before it over the same
 requests, each of which sampled a token (no prefill in it, no request joining or leaving), and
@@ -49,52 +53,46 @@ class StepClock:
         if self.skipped_warmup < WARMUP:
             self.skipped_warmup += 1
             return False
-        if self._measured() and seconds > MAX_IDLE * self.seconds(tokens):
+        if self._points() and seconds > MAX_IDLE * self.seconds(tokens):
             return False
         self.samples.setdefault(tokens, deque(maxlen=WINDOW)).append(seconds)
         return True
 
-    def _measured(self) -> list[tuple[int, float]]:
-        """(token count, median seconds) of the counts with enough samples, by count."""
+    def _points(self) -> list[tuple[int, float, int]]:
+        """(token count, median seconds, samples) of the counts with enough samples."""
         return sorted(
-            (t, statistics.median(s)) for t, s in self.samples.items() if len(s) >= MIN_SAMPLES
+            (t, statistics.median(s), len(s))
+            for t, s in self.samples.items()
+            if len(s) >= MIN_SAMPLES
         )
 
-    def curve(self, counts: range) -> list[float]:
-        """seconds(T) for each T in ``counts`` (ascending, T >= 1): a non-decreasing curve."""
-        points = self._measured()
-        out: list[float] = []
-        for t in counts:
-            out.append(_at(points, t))
-        for i in range(1, len(out)):  # a longer step never costs less
-            out[i] = max(out[i], out[i - 1])
-        return out
+    def line(self) -> tuple[float, float]:
+        """(a, b): seconds(T) = a + b * (T - 1)."""
+        points = self._points()
+        if not points:
+            return 1.0, PRIOR_SLOPE
+        if len(points) == 1:
+            t, s, _ = points[0]
+            a = s / (1.0 + PRIOR_SLOPE * (t - 1))
+            return a, PRIOR_SLOPE * a
+        w = sum(n for _, _, n in points)
+        mt = sum(n * (t - 1) for t, _, n in points) / w
+        ms = sum(n * s for _, s, n in points) / w
+        var = sum(n * (t - 1 - mt) ** 2 for t, _, n in points)
+        b = max(0.0, sum(n * (t - 1 - mt) * (s - ms) for t, s, n in points) / var)
+        a = ms - b * mt
+        if a <= 0:  # a line through the origin or below: keep it positive at T = 1
+            a = min(s for _, s, _ in points) * 0.5
+            b = max(0.0, (ms - a) / mt) if mt > 0 else 0.0
+        return a, b
 
     def seconds(self, tokens: int) -> float:
-        return _at(self._measured(), tokens)
+        a, b = self.line()
+        return a + b * (tokens - 1)
 
     def costs(self, others: int, k: int) -> Costs:
         """The verify curve of one request whose step also carries ``others`` tokens of other
         requests: verify_s[n - 1] = seconds(others + n), n = 1..k + 1."""
-        verify = self.curve(range(others + 1, others + k + 2))
-        return Costs(verify_s=tuple(verify), prefill_tps=float("inf"))
-
-
-def _at(points: list[tuple[int, float]], t: int) -> float:
-    """seconds(t) from measured (count, seconds) points, ascending by count."""
-    if not points:
-        return 1.0 + PRIOR_SLOPE * (t - 1)
-    lo = None
-    for c, s in points:
-        if c == t:
-            return s
-        if c < t:
-            lo = (c, s)
-        else:
-            if lo is None:  # below every measured count: scale the first one by the prior
-                return s * (1.0 + PRIOR_SLOPE * (t - 1)) / (1.0 + PRIOR_SLOPE * (c - 1))
-            (c0, s0) = lo
-            return s0 + (s - s0) * (t - c0) / (c - c0)
-    assert lo is not None
-    c0, s0 = lo
-    return s0 * (1.0 + PRIOR_SLOPE * (t - c0) / (1.0 + PRIOR_SLOPE * (c0 - 1)))
+        a, b = self.line()
+        verify = tuple(a + b * (others + n - 1) for n in range(1, k + 2))
+        return Costs(verify_s=verify, prefill_tps=float("inf"))
