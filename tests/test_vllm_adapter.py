@@ -128,7 +128,21 @@ def test_the_ngram_setting() -> None:
         with pytest.raises(ValueError, match=settings.NGRAM_ENV):
             settings.parse_ngram(bad, k=16)
     s = settings.Settings.from_env(16, {})
-    assert s.ngram == settings.Ngram(2, 4, 4) and s.record is None
+    assert s.ngram == settings.Ngram(2, 4, 4) and s.record is None and s.step_costs is None
+
+
+def test_the_step_costs_setting_fixes_the_clocks_line() -> None:
+    s = settings.Settings.from_env(16, {settings.STEP_COSTS_ENV: "1,0.02"})
+    assert s.step_costs == (1.0, 0.02)
+    for bad in ("1", "0,1", "1,-1", "x,1", "inf,0"):
+        with pytest.raises(ValueError, match=settings.STEP_COSTS_ENV):
+            settings.parse_step_costs(bad)
+    clock = StepClock(skipped_warmup=WARMUP, fixed=(1.0, 0.5))
+    for t, sec in ((1, 0.1), (9, 0.9)):
+        for _ in range(MIN_SAMPLES):
+            clock.observe(t, sec)
+    assert clock.line() == (1.0, 0.5)  # what the steps took does not move a fixed line
+    assert clock.seconds(3) == pytest.approx(2.0)
 
 
 # -- the step clock -----------------------------------------------------------------------------
@@ -303,11 +317,14 @@ def _recorded(drafts: dict[int, list[int]]) -> Callable[[list[int]], list[list[i
     return lambda idx: [drafts[i] for i in idx]
 
 
-def _replay(lines: list[dict[str, Any]], k: int) -> tuple[int, int, int]:
-    """Feed the recorded rows to a fresh adapter; assert its drafts are the recorded ones and
-    that each step kept a prefix of the draft before it. (steps, rows drafted, rows with a
-    prediction)."""
-    drafts = PredictionDrafts(k=k)
+def _replay(
+    lines: list[dict[str, Any]], k: int, step_costs: Sequence[float] | None = None
+) -> tuple[int, int, int]:
+    """Feed the recorded rows to a fresh adapter (the server's K and step-cost setting, from
+    the recording's header); assert its drafts are the recorded ones and that each step kept
+    a prefix of the draft before it. (steps, rows drafted, rows with a prediction)."""
+    fixed = None if step_costs is None else (float(step_costs[0]), float(step_costs[1]))
+    drafts = PredictionDrafts(k=k, clock=StepClock(fixed=fixed))
     contexts: dict[str, list[int]] = {}
     meta: dict[str, tuple[int, list[int]]] = {}
     last: dict[str, list[int]] = {}
@@ -350,5 +367,5 @@ def test_a_recording_of_vllm_steps_replays_to_the_same_drafts() -> None:
     lines = [json.loads(x) for x in RECORDING.read_text().splitlines() if x.strip()]
     header, body = lines[0], lines[1:]
     assert "k" in header and all("rows" in x for x in body), "one server run, one header"
-    steps, drafted, rows = _replay(body, k=int(header["k"]))
+    steps, drafted, rows = _replay(body, k=int(header["k"]), step_costs=header.get("step_costs"))
     assert steps == len(body) and drafted > 0 and rows > 0

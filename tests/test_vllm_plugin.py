@@ -44,6 +44,10 @@ VLLM_PYTHON = Path(
 PROPOSER = "specdec_vllm.PredictionProposer"
 K = 8
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+# drafts sized on a fixed line (a step of T tokens: 1 + 0.02 (T - 1)), not learned: on this
+# tiny model a step's cost is mostly vLLM's per-token work, and drafting would not pay (so
+# the plugin, rightly, would stop drafting and the checks below would have nothing to check)
+STEP_COSTS = "1,0.02"
 PROMPTS = ["def fib(n):\n    ", "The quick brown fox", "for i in range(10):\n"]
 
 
@@ -197,10 +201,13 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     started: list[Server] = []
     try:
         started.append(_start(model, base, "plain", plugins, None))
+        env = {"SPECDEC_VLLM_STEP_COSTS": STEP_COSTS}
         started.append(
-            _start(model, base, "plugin", plugins, spec, {"SPECDEC_VLLM_RECORD": str(record)})
+            _start(
+                model, base, "plugin", plugins, spec, {**env, "SPECDEC_VLLM_RECORD": str(record)}
+            )
         )
-        started.append(_start(model, base, "fault", plugins, fault))
+        started.append(_start(model, base, "fault", plugins, fault, env))
         yield Servers(*started, record=record)
     finally:
         for s in started:
@@ -323,5 +330,5 @@ def test_the_recorded_steps_replay_to_the_same_drafts_without_vllm(servers: Serv
     _complete(servers.plugin, PROMPTS[0], **_prediction("def fib(n): return n"))
     lines = [json.loads(x) for x in servers.record.read_text().splitlines() if x.strip()]
     assert "k" in lines[0] and lines[0]["k"] == K
-    steps, drafted, rows = _replay(lines[1:], k=K)
+    steps, drafted, rows = _replay(lines[1:], k=K, step_costs=lines[0]["step_costs"])
     assert steps > 10 and rows > 0 and drafted > 0

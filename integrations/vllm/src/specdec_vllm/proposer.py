@@ -28,6 +28,7 @@ from vllm.logger import init_logger
 
 from specdec_vllm.drafting import PredictionDrafts, Row
 from specdec_vllm.settings import Settings
+from specdec_vllm.step_costs import StepClock
 from specdec_vllm.wire import XARG, token_ids
 
 logger = init_logger("vllm.specdec_vllm")
@@ -66,7 +67,7 @@ class PredictionProposer:
         self.settings = Settings.from_env(self.k)
         self.runner = find_runner()
         self.ngram = _ngram_proposer(vllm_config, self.settings) if self.settings.ngram else None
-        self.drafts = PredictionDrafts(self.k)
+        self.drafts = PredictionDrafts(self.k, StepClock(fixed=self.settings.step_costs))
         self._last: float | None = None
         self._record: TextIO | None = (
             open(self.settings.record, "a", encoding="utf-8") if self.settings.record else None  # noqa: SIM115
@@ -76,7 +77,12 @@ class PredictionProposer:
         if self._record is not None:  # one header line per server run, then one per step
             import vllm
 
-            header = {"k": self.k, "vllm": vllm.__version__, "ngram": ng and vars(ng)}
+            header = {
+                "k": self.k,
+                "vllm": vllm.__version__,
+                "ngram": ng and vars(ng),
+                "step_costs": self.settings.step_costs,
+            }
             self._record.write(json.dumps(header) + "\n")
         logger.info(
             "%s: K=%d, requests without a prediction: %s",

@@ -18,6 +18,9 @@ the slope is the prior's, ``PRIOR_SLOPE`` of a step per token (optimistic: draft
 and then measured), anchored at the one count measured, or at 1.0 before any (the planner
 compares rates, so the unit does not matter).
 
+An operator who knows the line (or wants drafts sized the same way whatever the machine
+does, as the tests do) fixes it instead (``settings.STEP_COSTS_ENV``).
+
 A sample is taken only from a step that ran back to back with the one before it over the same
 requests, each of which sampled a token (no prefill in it, no request joining or leaving), and
 the first ``WARMUP`` such steps are dropped (first calls of compiled kernels).
@@ -44,6 +47,8 @@ class StepClock:
 
     samples: dict[int, deque[float]] = field(default_factory=dict)
     skipped_warmup: int = 0
+    # (a, b) given by the server's operator (settings.STEP_COSTS_ENV): the line, never learned
+    fixed: tuple[float, float] | None = None
 
     def observe(self, tokens: int, seconds: float) -> bool:
         """One timed step of ``tokens`` tokens; False when it was not kept (warm-up, or a gap
@@ -68,6 +73,8 @@ class StepClock:
 
     def line(self) -> tuple[float, float]:
         """(a, b): seconds(T) = a + b * (T - 1)."""
+        if self.fixed is not None:
+            return self.fixed
         points = self._points()
         if not points:
             return 1.0, PRIOR_SLOPE
