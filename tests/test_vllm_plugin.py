@@ -215,8 +215,14 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
 
 
 def _post(server: Server, path: str, body: dict[str, Any]) -> httpx.Response:
+    # json.dumps escapes non-ASCII (a lone surrogate becomes the JSON escape \ud800, which
+    # httpx's own encoder cannot write as UTF-8)
     return httpx.post(
-        server.url + path, json={"model": "tiny", **body}, timeout=300, trust_env=False
+        server.url + path,
+        content=json.dumps({"model": "tiny", **body}),
+        headers={"Content-Type": "application/json"},
+        timeout=300,
+        trust_env=False,
     )
 
 

@@ -154,6 +154,13 @@ def main(argv: list[str] | None = None) -> int:
         help="certify's --prompts (e.g. code_predict: code edits whose 'prediction' is sent "
         "with every request); the result names get its stem",
     )
+    ap.add_argument(
+        "--api",
+        choices=("completions", "chat"),
+        help="certify's --endpoint-api (default: certify's, completions); chat: the prompt as "
+        "the user turn (an instruction model then answers with the edited code, which a "
+        "prediction drafts); the result names get -chat",
+    )
     ap.add_argument("step", choices=("switch", "bench", "certify", "wrong", "probe"))
     ap.add_argument("--root", type=Path, default=S.DEFAULT_ROOT)
     ap.add_argument("--out", type=Path, default=S.REPO / "benchmarks/results/engines")
@@ -216,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         name += f"-tie{a.tie_gap:g}"
     if a.prompts:
         name += "-" + Path(a.prompts).stem.replace("_", "-")
+    if a.api == "chat":
+        name += "-chat"
     if a.default_batch_threads:
         name += "-default-batch-threads"
     if a.no_pin and a.step != "bench":
@@ -298,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             plan += ["--tie-gap", str(a.tie_gap)]
         if a.prompts:
             plan += ["--prompts", a.prompts]
+        if a.api:
+            plan += ["--endpoint-api", a.api]
         log.servers([off, on])
         with S.running([off, on], logs):
             target = on.url

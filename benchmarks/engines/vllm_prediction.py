@@ -23,7 +23,7 @@ Design, fixed before the run:
 - Every item is appended (fsynced) as it finishes; ``--resume`` skips items already there.
 
     python benchmarks/engines/vllm_prediction.py [--batch 1,4] [--resume]   # about 20 min
-    python benchmarks/engines/vllm_prediction.py --batch 4 --resume   # a part of it again
+    python benchmarks/engines/vllm_prediction.py --resume --round 1   # the same items again
     python benchmarks/engines/vllm_prediction.py --report [FILE]
 """
 
@@ -121,14 +121,14 @@ async def measure(url: str, reqs: list[tuple[str, str, str]]) -> dict[str, Any]:
     return {"wall_s": wall, "tps": tokens / wall, "replies": replies}
 
 
-def done_keys(path: Path) -> set[tuple[int, str, int]]:
+def done_keys(path: Path) -> set[tuple[int, int, str, int]]:
     if not path.exists():
         return set()
     out = set()
     for line in path.read_text().splitlines():
         rec = json.loads(line)
         if rec.get("kind") == "item":
-            out.add((rec["batch"], rec["mode"], rec["item"]))
+            out.add((rec.get("round", 0), rec["batch"], rec["mode"], rec["item"]))
     return out
 
 
@@ -162,7 +162,8 @@ def run(a: argparse.Namespace) -> None:
     specs = [S.vllm(m, PORTS[m], root=root, fix=True) for m in MODES]
     with S.running(specs, Path(a.logs)) as started:
         urls = {m: s.spec.url for m, s in zip(MODES, started, strict=True)}
-        append(out, {"kind": "run", "batch": batches, "machine": machine(), "time": time.time()})
+        run = {"kind": "run", "round": a.round, "batch": batches, "machine": machine()}
+        append(out, {**run, "time": time.time()})
         # one request per server first (not recorded): the first calls of each kernel
         for m in MODES:
             asyncio.run(measure(urls[m], [reqs[-1]]))
@@ -170,10 +171,10 @@ def run(a: argparse.Namespace) -> None:
             for i, idx in enumerate(items(batch, len(reqs))):
                 order = MODES[i % len(MODES) :] + MODES[: i % len(MODES)]
                 for m in order:
-                    if (batch, m, i) in done:
+                    if (a.round, batch, m, i) in done:
                         continue
                     res = asyncio.run(measure(urls[m], [reqs[j] for j in idx]))
-                    rec = {"kind": "item", "batch": batch, "mode": m, "item": i}
+                    rec = {"kind": "item", "round": a.round, "batch": batch, "mode": m, "item": i}
                     rec |= {"ids": [reqs[j][0] for j in idx], **res}
                     append(out, rec)
                     print(f"batch {batch} item {i} {m}: {res['tps']:.2f} tok/s", flush=True)
@@ -182,10 +183,10 @@ def run(a: argparse.Namespace) -> None:
 def report(path: Path) -> str:
     recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     runs = [r for r in recs if r["kind"] == "run"]
-    by: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    by: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
     for r in recs:
         if r["kind"] == "item":
-            by.setdefault((r["batch"], r["item"]), {})[r["mode"]] = r
+            by.setdefault((r["batch"], r.get("round", 0), r["item"]), {})[r["mode"]] = r
     lines = []
     if runs:
         m = runs[0]["machine"]
@@ -196,8 +197,8 @@ def report(path: Path) -> str:
         "ngram/off | prediction/ngram | greedy identical (ngram, prediction) | "
         "prediction tokens accepted/rejected"
     )
-    for batch in sorted({b for b, _ in by}):
-        full = [v for (b, _), v in sorted(by.items()) if b == batch and len(v) == len(MODES)]
+    for batch in sorted({b for b, _, _ in by}):
+        full = [v for (b, _, _), v in sorted(by.items()) if b == batch and len(v) == len(MODES)]
         if not full:
             continue
 
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=str(S.DEFAULT_ROOT))
     ap.add_argument("--logs", default="/tmp/specdec-vllm-prediction-logs")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--round", type=int, default=0, help="a repeat of the same items (0, 1, ...)")
     ap.add_argument("--report", nargs="?", const=str(OUT), default=None)
     a = ap.parse_args(argv)
     if a.report:
