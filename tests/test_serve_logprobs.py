@@ -207,6 +207,8 @@ def test_tokenize_and_detokenize(url: str, pair: Pair) -> None:
     assert bare == pair.target.tokenizer.encode("abc", add_special_tokens=False)
     back = ok(url, "/detokenize", {"tokens": bare})
     assert back["prompt"] == pair.target.tokenizer.decode(bare) == back["content"]
+    info = httpx.get(url + "/tokenizer_info", timeout=30).json()
+    assert info["eos_token"] == "<65>" and info["model_max_length"] == 512
     for path, body, param in [
         ("/tokenize", {}, "prompt"),
         ("/tokenize", {"prompt": "a", "content": "b"}, "prompt"),
@@ -370,3 +372,41 @@ def test_the_openai_sdk_reads_logprobs_and_several_choices(url: str) -> None:
         model="mock", prompt="abc", max_tokens=4, logprobs=2, echo=True, temperature=0, n=2
     )
     assert len(comp.choices) == 2 and comp.choices[0].logprobs.token_logprobs[0] is None
+
+
+# -- specdec certify --endpoint against specdec serve -------------------------------------------
+
+
+def test_certify_endpoint_runs_every_test_against_specdec_serve(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One server, the per-request switch: greedy agreement with logprobs, the sampled
+    tests and the per-token test (/tokenize, token ids, prompt_logprobs) all run."""
+    from specdec.cli import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\nabcabcabcabc\nxyz\n", encoding="utf-8")
+    args = ["--greedy-prompts", "2", "--max-new-tokens", "8", "--sampled-prompts", "2"]
+    args += ["--samples", "20", "--sample-tokens", "4", "--timeout", "60"]
+    with running_server(mock_serve_pair(draft="close", vocab=VOCAB), k=3) as base:
+        rc = main(
+            [
+                "certify",
+                "--endpoint",
+                base,
+                "--endpoint-api",
+                "completions",
+                "--prompts",
+                str(prompts),
+                *args,
+                "--out",
+                str(tmp_path / "c"),
+            ]
+        )
+    out, err = capsys.readouterr()
+    cert = json.loads((tmp_path / "c" / "certificate.json").read_text())
+    assert rc == 0, out + err
+    assert cert["verdict"] == "PASS"
+    assert cert["pertoken_test"] is not None and cert["pertoken_note"] is None
+    assert not any("logprobs" in n for n in cert["notes"]), cert["notes"]
+    assert cert["drafted_on"] > 0

@@ -3,6 +3,7 @@
     POST /v1/completions       text (or token ids) in, text out; ``stream: true`` for SSE
     POST /v1/chat/completions  messages through the target's chat template
     POST /tokenize, /detokenize  text <-> token ids (vLLM's shapes, llama-server's names too)
+    GET  /tokenizer_info       the end and start tokens, chat template, window (vLLM's)
     GET  /v1/models            the one served model
     GET  /health               liveness and queue depth (no API key needed)
     GET  /metrics              Prometheus text (docs/serve.md lists the series)
@@ -86,6 +87,7 @@ ENDPOINTS = (
     "/metrics",
     "/tokenize",
     "/detokenize",
+    "/tokenizer_info",
 )
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
 
@@ -134,6 +136,23 @@ class _State:
                 add_special_tokens=add_special,
                 parse_special=self.config.settings.parse_special,
             )
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's ``/tokenizer_info`` fields that clients read (lm-eval's remote tokenizer):
+        the end and start tokens' texts, the chat template, the context window."""
+        target = self.pair.target
+        tok = target.tokenizer
+        with self.tokenize_lock:
+            names = getattr(tok, "chat_variables", lambda: {})()
+            eos = names.get("eos_token") or tok.decode([min(target.eos_token_ids)])
+            bos = names.get("bos_token") or None
+        return {
+            "eos_token": eos,
+            "bos_token": bos,
+            "pad_token": None,
+            "chat_template": getattr(tok, "chat_template", None),
+            "model_max_length": pair_context_limit(self.pair.draft, target),
+        }
 
     def detokenize(self, ids: list[int]) -> str:
         vocab = self.pair.target.vocab_size
@@ -232,6 +251,10 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
         ids = await asyncio.to_thread(state.tokenize, req.text(), req.special())
         n_ctx = pair_context_limit(pair.draft, pair.target)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": n_ctx})
+
+    @app.get("/tokenizer_info", dependencies=[Depends(auth)], response_model=None)
+    async def tokenizer_info() -> Response:
+        return JSONResponse(await asyncio.to_thread(state.tokenizer_info))
 
     @app.post("/detokenize", dependencies=[Depends(auth)], response_model=None)
     async def detokenize(req: DetokenizeRequest) -> Response:
