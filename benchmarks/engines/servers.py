@@ -330,11 +330,16 @@ def llama_cpp_python(
 
 
 def specdec_serve(
-    port: int, *, cpus: str = "0-1", extra: Sequence[str] = (), name: str = "specdec-serve"
+    port: int,
+    *,
+    cpus: str = "0-1",
+    extra: Sequence[str] = (),
+    name: str = "specdec-serve",
+    draft: str = DRAFT,
 ) -> ServerSpec:
     """``specdec serve`` with the project's default pair (0.5B llama.cpp draft, 1.5B target
     as its default backend chooses); spec-off requests use its per-request switch. ``extra``:
-    more flags (``--exact``)."""
+    more flags (``--exact``); ``draft``: another drafter (``ngram``)."""
     threads = str(len(_cpu_list(cpus)))
     argv = [
         str(Path(sys.executable).parent / "specdec"),
@@ -342,7 +347,7 @@ def specdec_serve(
         "-m",
         TARGET,
         "-md",
-        DRAFT,
+        draft,
         "--host",
         "127.0.0.1",
         "--port",

@@ -143,7 +143,7 @@ class _State:
         target = self.pair.target
         tok = target.tokenizer
         with self.tokenize_lock:
-            names = getattr(tok, "chat_variables", lambda: {})()
+            names: dict[str, Any] = getattr(tok, "chat_variables", dict)()
             eos = names.get("eos_token") or tok.decode([min(target.eos_token_ids)])
             bos = names.get("bos_token") or None
         return {

@@ -21,6 +21,7 @@ from typing import Any
 
 from specdec.api import Pair
 from specdec.completion import Completion
+from specdec.core.logprobs import TokenLogprob
 from specdec.core.loop import validate_request
 from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
@@ -303,7 +304,9 @@ def _choice(
         nonlocal head, echoed
         echoed = True
         entries = stream.generation.prompt_logprobs
-        head = scored_prompt(ids, entries, texts) if want and entries is not None else None
+        if want and entries is not None:
+            assert request.logprobs is not None
+            head = scored_prompt(ids, _cut(entries, request.logprobs.top), texts)
         if stream_text:
             job.emit(Piece(index, prompt_text, head))
 
@@ -335,16 +338,18 @@ def _choice(
         tokens = trim_to_text(tokens, len(completion.text))
     vllm_rows = None
     if wire.prompt_logprobs is not None and completion.result.prompt_logprobs is not None:
-        top = wire.prompt_logprobs
-        entries = [
-            None if e is None else dataclasses.replace(e, top=e.top[:top])
-            for e in completion.result.prompt_logprobs
-        ]
+        entries = _cut(completion.result.prompt_logprobs, wire.prompt_logprobs)
         vllm_rows = prompt_logprobs_shape(ids, entries, texts)
     scored_text = None
     if want:
         scored_text = (head or []) + tokens if wire.echo else tokens
     return ChoiceResult(index, prompt_text + completion.text, completion, scored_text, vllm_rows)
+
+
+def _cut(entries: list[TokenLogprob | None], top: int) -> list[TokenLogprob | None]:
+    """The entries with ``top`` alternatives at most (the prompt is scored with the most any
+    field of the request asked for)."""
+    return [None if e is None else dataclasses.replace(e, top=e.top[:top]) for e in entries]
 
 
 def openai_finish_reason(reason: str) -> str:
