@@ -13,7 +13,7 @@ from typing import Any
 
 from specdec.core.drafter import Drafter
 from specdec.core.logprobs import LogprobSpec, TokenLogprob, check_top, rows_logprobs
-from specdec.core.model import CausalLM, cached_prefix_len, extend_last
+from specdec.core.model import CausalLM, extend_last, reuse_prefix_len
 from specdec.core.model_drafter import ModelDrafter
 from specdec.core.policy import FixedK, KPolicy
 from specdec.core.processors import RowProcessor
@@ -105,13 +105,14 @@ def _prefill(
     prompt_top: int | None = None,
 ) -> list[TokenLogprob | None] | None:
     """Make the target cache ctx[:-1] and the drafter ctx[:-1]: with reuse_prefix, keep what
-    the caches already share with the prompt (backends that report ``cached_tokens``). With
+    the caches already share with the prompt (backends that report ``cached_tokens``), or
+    what a snapshot of an earlier prompt's cache shares with it (``reuse_prefix``). With
     ``prompt_top``, the target's prefill scores the prompt (``score_prompt``), returned."""
     scored = None
     if prompt_top is not None:
         scored = score_prompt(target, ctx, prompt_top)
     else:
-        keep = cached_prefix_len(target, ctx[:-1]) if reuse_prefix else 0
+        keep = reuse_prefix_len(target, ctx[:-1]) if reuse_prefix else 0
         if target.n_cached > keep:
             target.truncate(keep)
         if len(ctx) - 1 > keep:

@@ -9,7 +9,7 @@ the target's one-token step after a 100-token context (median of ``STEPS``), a v
 the ratio of the medians over the rounds. Exact numerics become this machine's default when
 every one of the three costs at most ``DEFAULT_MAX_COST`` (3 %); otherwise they are a mode
 (``--exact``) whose price the profile reports. All three count because they can part: on the
-exact build (``make exact-build``) the plain step can cost what the default's does while
+exact build (``make install``) the plain step can cost what the default's does while
 verify passes and prefill, whose rows its row-invariant kernels compute one at a time, cost
 far more (benchmarks/README.md).
 """
