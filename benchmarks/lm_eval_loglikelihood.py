@@ -13,7 +13,8 @@ The task: arithmetic questions with four answers each (written by this script wi
 seed into OUT/task/), scored by ``acc`` and ``acc_norm``.
 
 1. ``specdec serve`` with the default pair (the 1.5B target, the 0.5B draft, K = 4), then the
-   same server with ``-k 0`` (plain decoding): the scores and every per-item log-likelihood
+   same server with ``-k 0`` (plain decoding), both with llama.cpp's own numerics
+   (``--no-exact``, those of the reference in 2.): the scores and every per-item log-likelihood
    must be equal (the prompt is scored by the target's prefill, which speculation does not
    touch; the one generated token is not part of the score).
 2. llama-cpp-python's own log-likelihoods of the same token ids (context and continuation
@@ -188,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     task_dir = write_task(a.out / "task", a.items, a.seed)
     runs: dict[str, dict[str, Any]] = {}
-    for side, extra in (("on", []), ("off", ["-k", "0"])):
+    # llama.cpp's own numerics (--no-exact), those of the llama-cpp-python reference below
+    for side, extra in (("on", ["--no-exact"]), ("off", ["-k", "0", "--no-exact"])):
         spec = S.specdec_serve(PORT, extra=extra, name=f"serve-{side}")
         with S.running([spec], a.out / "logs"):
             runs[side] = run_lm_eval(a.lm_eval, spec.url, task_dir, a.out / side)

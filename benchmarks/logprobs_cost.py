@@ -33,6 +33,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--exact",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the target's numerics (default: as specdec.load decides them)",
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/logprobs-cost.json"))
     a = ap.parse_args()
 
@@ -43,9 +49,9 @@ def main() -> int:
 
     prompts = select_prompts("spec_bench", per_category=a.per_category)
     pairs = {
-        "plain (k=0)": (specdec.load(TARGET, DRAFT, n_threads=a.threads), 0),
+        "plain (k=0)": (specdec.load(TARGET, DRAFT, n_threads=a.threads, exact=a.exact), 0),
         "0.5B draft, k=4": (None, 4),  # the same loaded pair
-        "default drafter": (specdec.load(TARGET, n_threads=a.threads), None),
+        "default drafter": (specdec.load(TARGET, n_threads=a.threads, exact=a.exact), None),
     }
     model_pair = pairs["plain (k=0)"][0]
     rows: list[dict[str, Any]] = []
@@ -96,6 +102,11 @@ def main() -> int:
         "draft": DRAFT,
         "new_tokens": a.new_tokens,
         "threads": a.threads,
+        "exact_numerics": {
+            name: pair.config.target.exact
+            for name, (pair, _) in pairs.items()
+            if pair is not None and pair.config is not None
+        },
         "machine": machine_info(),
         "seconds": time.monotonic() - t_start,
         "summary": summary,

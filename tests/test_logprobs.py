@@ -5,8 +5,13 @@ end-of-generation token of a model stopping the generation (mock, transformers, 
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -86,6 +91,28 @@ def test_speculative_logprobs_equal_plain_decodings_bit_for_bit(mode: str) -> No
             assert spec.tokens == plain.tokens  # type: ignore[attr-defined]
             assert spec.logprobs == plain.logprobs  # type: ignore[attr-defined]
         assert len(plain.logprobs) == 30  # type: ignore[attr-defined]
+
+
+class PassSizeMock(MockLM):
+    """A target whose rows depend on how many tokens share the pass (as llama.cpp's default
+    numerics do, here the logits scaled by 1 + 1e-4 per extra token): not batch-invariant."""
+
+    def extend(self, tokens: Sequence[int], *, last_only: bool = False) -> torch.Tensor:
+        rows = super().extend(tokens, last_only=last_only)  # [n, V]
+        return rows * (1.0 + 1e-4 * (len(tokens) - 1))
+
+
+def test_a_target_whose_rows_depend_on_the_pass_size_is_caught() -> None:
+    """The opposite verdict of the bit-for-bit test: the same comparison on a target that is
+    not batch-invariant finds the speculative log-probabilities differ from plain decoding's
+    (the tokens stay the same: scaling a row never reorders it)."""
+    draft, good = mock_pair("close", vocab_size=VOCAB, order=2)
+    target = PassSizeMock(good.spec)
+    prompt = [3, 9, 4, 3, 9, 4]
+    plain = generate(target, None, prompt, max_new_tokens=30, k=0, logprobs=LogprobSpec(4))
+    spec = generate(target, draft, prompt, max_new_tokens=30, k=4, logprobs=LogprobSpec(4))
+    assert spec.accepted_tokens > 0 and spec.tokens == plain.tokens
+    assert spec.logprobs != plain.logprobs
 
 
 def test_sampled_logprobs_are_each_tokens_own_row() -> None:
@@ -214,25 +241,39 @@ def test_llama_cpp_stops_at_every_end_of_generation_token_of_qwen() -> None:
 @pytest.mark.real_model
 @pytest.mark.llamacpp
 @pytest.mark.slow
-def test_exact_numerics_give_plain_decodings_logprobs_bit_for_bit() -> None:
+def test_exact_numerics_give_plain_decodings_logprobs_bit_for_bit(tmp_path: Path) -> None:
     """The default pair (1.5B target, 0.5B draft model and the suffix drafter) with exact
-    numerics: greedy speculative log-probabilities equal those of k=0, bit for bit."""
+    numerics: greedy speculative log-probabilities equal those of k=0, bit for bit. In a fresh
+    process: ggml reads its row-invariant switch once, so a model run earlier in this one
+    (another test's) would leave it off."""
     llama_cpp_or_skip()
-    from specdec.models.llamacpp import LlamaCppLM
-
-    target = LlamaCppLM(
-        store_model_or_skip("qwen2.5-coder-1.5b-instruct-q4_k_m"),
-        n_ctx=512,
-        n_threads=threads(),
-        exact=True,
+    target = store_model_or_skip("qwen2.5-coder-1.5b-instruct-q4_k_m")
+    draft = store_model_or_skip("qwen2.5-coder-0.5b-instruct-q4_k_m")
+    code = f"""
+import json
+from specdec.core.logprobs import LogprobSpec
+from specdec.core.loop import generate
+from specdec.drafters.suffix import SuffixDrafter
+from specdec.models.llamacpp import LlamaCppLM
+target = LlamaCppLM({str(target)!r}, n_ctx=512, n_threads={threads()}, exact=True)
+draft = LlamaCppLM({str(draft)!r}, n_ctx=512, n_threads={threads()}, exact=False)
+prompt = target.tokenizer.encode("def fibonacci(n):\\n    # return the n-th Fibonacci number\\n")
+spec = LogprobSpec(5)
+plain = generate(target, None, prompt, max_new_tokens=48, k=0, logprobs=spec)
+out = []
+for d in (draft, SuffixDrafter()):
+    res = generate(target, d, prompt, max_new_tokens=48, k=4, logprobs=spec)
+    out.append([res.drafted_tokens, res.tokens == plain.tokens, res.logprobs == plain.logprobs])
+print(json.dumps({{"n": len(plain.logprobs), "runs": out}}))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GGML_CPU_")}
+    env["SPECDEC_EXACT_CHECKS"] = str(tmp_path)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
     )
-    draft = LlamaCppLM(
-        store_model_or_skip("qwen2.5-coder-0.5b-instruct-q4_k_m"), n_ctx=512, n_threads=threads()
-    )
-    prompt = target.tokenizer.encode("def fibonacci(n):\n    # return the n-th Fibonacci number\n")
-    spec = LogprobSpec(5)
-    plain = generate(target, None, prompt, max_new_tokens=48, k=0, logprobs=spec)
-    for d in (draft, SuffixDrafter()):
-        res = generate(target, d, prompt, max_new_tokens=48, k=4, logprobs=spec)
-        assert res.drafted_tokens > 0
-        assert res.tokens == plain.tokens and res.logprobs == plain.logprobs
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["n"] == 48
+    for drafted, same_tokens, same_logprobs in out["runs"]:
+        assert drafted > 0 and same_tokens and same_logprobs, out

@@ -26,7 +26,9 @@ PORT = 18230
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--exact", action="store_true", help="the server's --exact numerics")
+    ap.add_argument(
+        "--exact", action="store_true", help="the server's --exact numerics (else --no-exact)"
+    )
     ap.add_argument("--plan", default="quick", help="quick (specdec's) or budget:MINUTES")
     ap.add_argument("--out", type=Path, default=S.REPO / "benchmarks/results/engines")
     a = ap.parse_args(argv)
@@ -37,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     name = f"certify-{numerics}-{plan_name}"
     log = Log(out / f"{name}.log")
     log.machine()
-    spec = S.specdec_serve(PORT, extra=["--exact"] if a.exact else [], name=f"serve-{numerics}")
+    flag = "--exact" if a.exact else "--no-exact"  # llama.cpp's own numerics, said explicitly
+    spec = S.specdec_serve(PORT, extra=[flag], name=f"serve-{numerics}")
     log.servers([spec])
     if a.plan == "quick":
         plan = ["--quick"]

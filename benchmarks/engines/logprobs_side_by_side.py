@@ -6,7 +6,8 @@ Q4_K_M target).
 - llama-server: ``--spec-type ngram-simple`` (3-token lookup, 4 drafts) against the same server
   without speculation (two servers, one after the other);
 - ``specdec serve --draft ngram -k 4`` (prompt lookup), spec-off through its per-request
-  switch (``speculative.n_max: 0``).
+  switch (``speculative.n_max: 0``), with llama.cpp's numerics (``--no-exact``, as
+  llama-server's) and with exact numerics (``--exact``).
 
 For each server: the tokens whose logprob is exactly 0.0 with no alternatives (what llama.cpp
 issue 27972 describes for drafted tokens), the largest |difference| between the spec-on and
@@ -113,12 +114,18 @@ def main() -> int:
         spec = S.llama_server(mode, 18250, root=a.root)
         with S.running([spec], logs):
             replies[f"llama-server-{mode}"] = ask(spec.url, {})
-    spec = S.specdec_serve(18251, draft="ngram", name="specdec-serve-ngram")
-    with S.running([spec], logs):
-        replies["specdec-on"] = ask(spec.url, {})
-        replies["specdec-off"] = ask(spec.url, {"speculative": {"n_max": 0}})
+    for numerics in ("no-exact", "exact"):
+        spec = S.specdec_serve(
+            18251, draft="ngram", name=f"specdec-serve-ngram-{numerics}", extra=[f"--{numerics}"]
+        )
+        with S.running([spec], logs):
+            replies[f"specdec-{numerics}-on"] = ask(spec.url, {})
+            replies[f"specdec-{numerics}-off"] = ask(spec.url, {"speculative": {"n_max": 0}})
     got["llama-server"] = compare(replies["llama-server-ngram"], replies["llama-server-off"])
-    got["specdec serve"] = compare(replies["specdec-on"], replies["specdec-off"])
+    for numerics in ("no-exact", "exact"):
+        got[f"specdec serve --{numerics}"] = compare(
+            replies[f"specdec-{numerics}-on"], replies[f"specdec-{numerics}-off"]
+        )
     got["replies"] = replies
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "logprobs-side-by-side.json").write_text(json.dumps(got, indent=1) + "\n")
@@ -129,10 +136,15 @@ def main() -> int:
         "repeated Python functions (the n-gram lookup copies from it), "
         "qwen2.5-coder-1.5b-instruct-q4_k_m; each server with n-gram speculation and without.",
         "",
-        "| | llama-server `--spec-type ngram-simple` | specdec serve `--draft ngram -k 4` |",
-        "|---|---|---|",
+        "| | llama-server `--spec-type ngram-simple` | specdec serve `--draft ngram -k 4 "
+        "--no-exact` (llama.cpp's numerics) | the same, `--exact` |",
+        "|---|---|---|---|",
     ]
-    ls, sd = got["llama-server"], got["specdec serve"]
+    ls, sd, sx = (
+        got["llama-server"],
+        got["specdec serve --no-exact"],
+        got["specdec serve --exact"],
+    )
     for key, label in [
         ("shape", "logprobs block on /v1/completions"),
         ("drafted", "drafted / accepted (spec-on)"),
@@ -148,7 +160,7 @@ def main() -> int:
                 return f"{d['drafted']} / {d['accepted']}"
             return str(d[key])
 
-        lines.append(f"| {label} | {cell(ls)} | {cell(sd)} |")
+        lines.append(f"| {label} | {cell(ls)} | {cell(sd)} | {cell(sx)} |")
     (a.out / "logprobs-side-by-side.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

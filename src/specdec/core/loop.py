@@ -83,9 +83,11 @@ def score_prompt(
     """Prefill the target with ctx[:-1] from an empty cache, ``rows_per_pass`` tokens a pass,
     and score each prompt token under the row of the tokens before it (``core.logprobs``,
     raw, with its rank and ``top`` alternatives): None for the first token, whose row no
-    pass computes. Only one pass's rows are held at a time."""
+    pass computes. Only one pass's rows are held at a time. A backend that keeps earlier
+    prompts' caches (``reuse_prefix``) snapshots what its cache held first."""
     assert rows_per_pass >= 1
     if target.n_cached:
+        reuse_prefix_len(target, ())  # snapshots the content about to be lost, keeps none
         target.truncate(0)  # every position's row is needed: no cached prefix is kept
     scored: list[TokenLogprob | None] = [None]
     n = len(ctx) - 1
