@@ -13,6 +13,7 @@ from specdec.cli.common import (
     add_speculation_args,
     check_common,
     load_from_args,
+    numerics_line,
     quiet_libraries,
 )
 from specdec.errors import ConfigError
@@ -148,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         f"{'API key required' if args.api_key else 'no API key'})"
     )
     print(f"[specdec] {printable(line)}", file=sys.stderr)
+    print(f"[specdec] {printable(numerics_line(pair, args.target, args.threads))}", file=sys.stderr)
     try:
         uvicorn.run(
             app,
