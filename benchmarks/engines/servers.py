@@ -351,9 +351,17 @@ def llama_cpp_python(
     return ServerSpec(f"llama-cpp-python-{mode}", argv, port, cpus=cpus, start_timeout_s=180)
 
 
-def specdec_serve(port: int, *, cpus: str = "0-1") -> ServerSpec:
+def specdec_serve(
+    port: int,
+    *,
+    cpus: str = "0-1",
+    extra: Sequence[str] = (),
+    name: str = "specdec-serve",
+    draft: str = DRAFT,
+) -> ServerSpec:
     """``specdec serve`` with the project's default pair (0.5B llama.cpp draft, 1.5B target
-    as its default backend chooses); spec-off requests use its per-request switch."""
+    as its default backend chooses); spec-off requests use its per-request switch. ``extra``:
+    more flags (``--exact``); ``draft``: another drafter (``ngram``)."""
     threads = str(len(_cpu_list(cpus)))
     argv = [
         str(Path(sys.executable).parent / "specdec"),
@@ -361,7 +369,7 @@ def specdec_serve(port: int, *, cpus: str = "0-1") -> ServerSpec:
         "-m",
         TARGET,
         "-md",
-        DRAFT,
+        draft,
         "--host",
         "127.0.0.1",
         "--port",
@@ -372,8 +380,9 @@ def specdec_serve(port: int, *, cpus: str = "0-1") -> ServerSpec:
         str(K),
         "--served-model-name",
         "qwen2.5-coder-1.5b",
+        *extra,
     ]
-    return ServerSpec("specdec-serve", argv, port, cpus=cpus, start_timeout_s=600)
+    return ServerSpec(name, argv, port, cpus=cpus, start_timeout_s=600)
 
 
 def _cpu_list(cpus: str) -> list[int]:

@@ -20,6 +20,7 @@ is not a verdict (damaged, another version) is ignored and the decision made aga
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,7 +145,8 @@ def default_key(model: str, n_threads: int | None, lib_sha256: str, version: int
     settings = {
         "kind": "exact-default",
         "format": FORMAT,
-        "n_threads": n_threads,
+        # None runs on every core (models.llamacpp): one decision for both spellings
+        "n_threads": n_threads or max(1, os.cpu_count() or 1),
         "lib": lib_sha256,
         "row_invariant": version,
         "max_cost": DEFAULT_MAX_COST,
@@ -153,6 +155,8 @@ def default_key(model: str, n_threads: int | None, lib_sha256: str, version: int
 
 
 Measure = Callable[[str, int | None], ExactPrice]
+# load average per core above which a measured "no" is not cached (other work on the machine)
+BUSY_LOAD = 0.5
 
 
 def exact_default(
@@ -163,10 +167,15 @@ def exact_default(
     log: Log = lambda _: None,
     measure: Measure | None = None,
     identity: tuple[str, int] | None = None,
+    load: Callable[[], float] | None = None,
 ) -> ExactDefault:
     """The decision for the GGUF at ``path`` (``model``: its store name or path, for the key):
-    cached, else made now (``log`` hears it once, with the figures when measured). ``measure``
-    and ``identity`` replace the measurement and the build's identity (tests)."""
+    cached, else made now (``log`` hears it once, with the figures when measured). A "no"
+    measured while other work kept the machine busy (load average above ``BUSY_LOAD`` per
+    core before the measurement) is not cached: a busy machine's noise exceeds the 3 % rule's
+    margin, and a cached no would cost the user exactness for good; it is measured again at
+    the next use. ``measure``, ``identity`` and ``load`` replace the measurement, the build's
+    identity and the load average (tests)."""
     ident = identity if identity is not None else build_identity()
     if ident is None:
         return ExactDefault(False, "exact numerics: llama-cpp-python is not installed")
@@ -182,15 +191,31 @@ def exact_default(
             "exact numerics (speculative output = plain decoding, token for token): measuring "
             "what they cost on this machine, once (about half a minute)"
         )
+        busy = (load or _load_average)() / max(1, os.cpu_count() or 1)
         try:
             decision = decide((measure or _measure)(path, n_threads))
         except SpecdecError as e:  # exact numerics do not even load here (NotExactError...)
             decision = ExactDefault(
                 False, f"exact numerics are not the default here: they failed to run ({e})"
             )
+        else:
+            if not decision.exact and busy > BUSY_LOAD:
+                log(decision.reason)
+                log(
+                    f"(measured while the machine was busy, load {busy:.1f} per core: not "
+                    "cached, measured again at the next use)"
+                )
+                return decision
     log(decision.reason)
     cache.save(key, decision.to_dict())
     return decision
+
+
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not available here: taken as quiet
+        return 0.0
 
 
 def _measure(path: str, n_threads: int | None) -> ExactPrice:
