@@ -339,3 +339,71 @@ def test_generate_takes_a_grammar_and_a_schema_file(
     rc = main(["generate", "hello", *MOCK, "-n", "4", "--json-schema", str(bad)])
     _, err = capsys.readouterr()
     assert rc == 2 and "--json-schema" in err and "not valid JSON" in err, err
+
+
+def test_n_choices_with_logprobs_follow_the_response_format(url: str) -> None:
+    """Issue 59's n and logprobs beside issue 60's response_format: every choice follows the
+    schema; processed log-probabilities are of the masked rows (the opening quote, the one
+    token the enum allows first, has probability 1 and no legal alternative), raw ones of the
+    model's rows (the same quote then has a probability below 1)."""
+    schema = SCHEMAS[1]  # "red" | "green" | "blue"
+    body = {
+        "prompt": "a color",
+        "temperature": 1.0,
+        "seed": 11,
+        "max_tokens": 40,
+        "n": 3,
+        "logprobs": 3,
+        "response_format": schema_format(schema),
+    }
+    processed = post(url, "/v1/completions", {**body, "logprobs_mode": "processed_logprobs"})
+    raw = post(url, "/v1/completions", {**body, "logprobs_mode": "raw_logprobs"})
+    assert processed.status_code == 200 and raw.status_code == 200, processed.text + raw.text
+    choices = processed.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    for choice in choices:
+        assert choice["finish_reason"] == "stop"
+        assert valid(json.loads(choice["text"]), schema), choice["text"]
+        lp = choice["logprobs"]
+        assert "".join(lp["tokens"]) == choice["text"]
+        assert lp["tokens"][0] == '"' and lp["token_logprobs"][0] == 0.0
+        others = [v for t, v in lp["top_logprobs"][0].items() if t != '"']
+        assert all(v <= -9999.0 for v in others), lp["top_logprobs"][0]
+    # the same seeds, the same choices; raw log-probabilities are the model's own
+    assert [c["text"] for c in raw.json()["choices"]] == [c["text"] for c in choices]
+    for choice in raw.json()["choices"]:
+        assert choice["logprobs"]["token_logprobs"][0] < 0.0
+
+
+def test_streamed_chat_choices_each_follow_the_response_format(url: str) -> None:
+    schema = SCHEMAS[6]
+    r = post(
+        url,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "a color"}],
+            "temperature": 1.0,
+            "seed": 5,
+            "max_tokens": 80,
+            "n": 2,
+            "stream": True,
+            "response_format": schema_format(schema),
+        },
+    )
+    assert r.status_code == 200, r.text
+    texts: dict[int, str] = {}
+    reasons: dict[int, str] = {}
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:])["choices"]:
+                texts[choice["index"]] = texts.get(choice["index"], "") + (
+                    choice["delta"].get("content") or ""
+                )
+                if choice.get("finish_reason"):
+                    reasons[choice["index"]] = choice["finish_reason"]
+    assert sorted(texts) == [0, 1]
+    for i, text in texts.items():
+        if reasons[i] == "stop":
+            assert valid(json.loads(text), schema), text
+        else:  # cut at max_tokens, saying so
+            assert reasons[i] == "length" and text.startswith("{")

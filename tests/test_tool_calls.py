@@ -397,3 +397,52 @@ def test_auto_with_a_response_format_gives_calls_or_the_json(url: str, seed: int
         assert choice["message"]["tool_calls"]
     else:
         assert json.loads(choice["message"]["content"]) in ("x", "y"), choice
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_of_n_choices_gets_its_own_calls(url: str, stream: bool) -> None:
+    """Issue 59's n beside tools: each choice's text is read for its own calls (streamed
+    per choice index), each ends with finish_reason tool_calls."""
+    r = chat(
+        url,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=1.0,
+        seed=3,
+        n=2,
+        stream=stream,
+    )
+    assert r.status_code == 200, r.text
+    calls: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
+    reasons: dict[int, str] = {}
+    if stream:
+        for line in r.text.splitlines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    delta = choice.get("delta", {})
+                    assert not delta.get("content")
+                    calls[choice["index"]] += delta.get("tool_calls") or []
+                    if choice.get("finish_reason"):
+                        reasons[choice["index"]] = choice["finish_reason"]
+    else:
+        for choice in r.json()["choices"]:
+            assert choice["message"]["content"] is None
+            calls[choice["index"]] = choice["message"]["tool_calls"]
+            reasons[choice["index"]] = choice["finish_reason"]
+    assert reasons == {0: "tool_calls", 1: "tool_calls"}
+    for got in calls.values():
+        assert len(got) == 1
+        name, args = got[0]["function"]["name"], json.loads(got[0]["function"]["arguments"])
+        assert name in ("get_weather", "get_time") and isinstance(args, dict)
+
+
+def test_logprobs_with_tools_are_a_400_naming_logprobs(url: str) -> None:
+    r = chat(url, tools=[WEATHER], logprobs=True)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text
+    # without tools rendered (tool_choice none) the message is all content: logprobs work
+    r = chat(url, tools=[WEATHER], tool_choice="none", logprobs=True, top_logprobs=2, max_tokens=4)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    tokens = choice["logprobs"]["content"]
+    assert "".join(t["token"] for t in tokens) == choice["message"]["content"]

@@ -12,10 +12,12 @@ auto pair, the drafter): ``k`` None leaves K to the pair.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from specdec.constraints.spec import Constraint, ConstraintError, grammar_constraint, json_schema
+from specdec.core.logprobs import LogprobSpec, check_top
 from specdec.core.processors import MAX_BIAS, check_penalties
 from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.core.stops import check_stops
@@ -45,6 +47,8 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     constraint: Constraint | None = None  # the output's schema or grammar (constraints.spec)
+    logprobs: LogprobSpec | None = None  # per generated token (core.logprobs)
+    prompt_logprobs: int | None = None  # score the prompt too, with this many alternatives
 
     @property
     def text(self) -> str:
@@ -59,12 +63,14 @@ class GenerationRequest:
         )
 
 
-def check_limits(*, k: int | None, max_new_tokens: int) -> None:
-    """K and the length of a request (also the server's defaults for them), or ConfigError."""
+def check_limits(*, k: int | None, max_new_tokens: int, scoring: bool = False) -> None:
+    """K and the length of a request (also the server's defaults for them), or ConfigError;
+    a request that scores its prompt (``scoring``) may generate nothing (0)."""
     if k is not None and k < 0:
         raise ConfigError(f"k must be >= 0, got {k}")
-    if max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if max_new_tokens < (0 if scoring else 1):
+        least = "0 (the prompt is scored)" if scoring else "1"
+        raise ConfigError(f"max_new_tokens must be >= {least}, got {max_new_tokens}")
 
 
 def make_request(
@@ -93,6 +99,9 @@ def make_request(
     grammar: str | None = None,
     regex: str | None = None,
     constraint: Constraint | None = None,
+    logprobs: int | None = None,
+    logprobs_mode: str = "raw",
+    prompt_logprobs: int | None = None,
 ) -> GenerationRequest:
     """The checked request, or a ``ConfigError`` naming the bad argument (``Pair.stream``
     takes these arguments; the prompt's text is encoded by the pair, which has the tokenizer).
@@ -151,8 +160,22 @@ def make_request(
                     mask applies to the target's rows and the draft's alike, so the output
                     has the distribution of plain decoding under the same constraint
                     (docs/structured-outputs.md). Needs the ``structured`` extra.
+    logprobs:       return the log-probability of each generated token and this many most
+                    probable alternatives (0..20; None: none), read from the rows the
+                    target's passes computed (no extra pass): ``result.logprobs``.
+    logprobs_mode:  "raw" (default, vLLM's default): the model's distribution before the
+                    request changes it; "processed": the distribution each token was drawn
+                    from (after the logit bias, penalties, temperature, top-k, top-p;
+                    greedy rows are one-hot). ``specdec.core.logprobs`` says more.
+    prompt_logprobs: score the prompt's tokens too (raw), with this many alternatives each
+                    (0..20): ``result.prompt_logprobs`` (None for the first token). The prompt
+                    is then prefilled from an empty cache, 64 rows a pass; max_new_tokens
+                    may be 0.
     """
-    check_limits(k=k, max_new_tokens=max_new_tokens)
+    check_limits(k=k, max_new_tokens=max_new_tokens, scoring=prompt_logprobs is not None)
+    spec = None if logprobs is None else LogprobSpec(logprobs, logprobs_mode)
+    if prompt_logprobs is not None:
+        check_top(prompt_logprobs, "prompt_logprobs")
     sampling = SamplingConfig(temperature, top_k, top_p)
     check_penalties(presence_penalty, frequency_penalty, repetition_penalty)
     stops = tuple(check_stops(stop))
@@ -192,6 +215,8 @@ def make_request(
         frequency_penalty=float(frequency_penalty),
         repetition_penalty=float(repetition_penalty),
         constraint=constrained,
+        logprobs=spec,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -224,6 +249,16 @@ def one_constraint(
     if regex is not None:
         return Constraint("regex", regex, "regex")
     return None
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """The seed of choice ``choice`` of a request with ``seed`` (its ``n`` choices are
+    generated one after another, each from its own stream): the seed itself for choice 0,
+    else a stable hash of (seed, choice) below 2^63."""
+    if choice == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{choice}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def check_logit_bias(bias: Mapping[int, float] | None) -> tuple[tuple[int, float], ...]:

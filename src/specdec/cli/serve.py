@@ -52,6 +52,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "predictions as special tokens; by default it is plain text, so no request can forge "
         "a turn",
     )
+    p.add_argument(
+        "--logprobs-mode",
+        choices=("raw_logprobs", "processed_logprobs"),
+        default="raw_logprobs",
+        help="what logprobs are of (vLLM's names): the model's own distribution (default), or "
+        "the one each token was drawn from (after logit bias, penalties, temperature, top-k, "
+        "top-p); a request's logprobs_mode overrides it",
+    )
     add_speculation_args(p, serving=True)
     p.add_argument(
         "--max-tokens",
@@ -123,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             adaptive=args.adaptive,
             default_max_tokens=args.default_max_tokens,
             parse_special=args.parse_special,
+            logprobs_mode=args.logprobs_mode,
         ),
         api_key=args.api_key,
         max_queue=args.max_queue,

@@ -2,6 +2,8 @@
 
     POST /v1/completions       text (or token ids) in, text out; ``stream: true`` for SSE
     POST /v1/chat/completions  messages through the target's chat template
+    POST /tokenize, /detokenize  text <-> token ids (vLLM's shapes, llama-server's names too)
+    GET  /tokenizer_info       the end and start tokens, chat template, window (vLLM's)
     GET  /v1/models            the one served model
     GET  /health               liveness and queue depth (no API key needed)
     GET  /metrics              Prometheus text (docs/serve.md lists the series)
@@ -30,26 +32,32 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from specdec.api import Pair
-from specdec.completion import Completion
 from specdec.core.model import CausalLM
 from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
+from specdec.pairs import pair_context_limit
+from specdec.prompting import check_text, encode_text
 from specdec.request import GenerationRequest
 from specdec.serve.engine import Engine, Failed, Finished, Job, QueueFull, ShuttingDown
-from specdec.serve.errors import APIError, error_response, validation_error
+from specdec.serve.errors import APIError, FieldError, error_response, validation_error
 from specdec.serve.generation import (
+    ChoiceResult,
+    Piece,
     ServeSettings,
+    Wire,
     chat_constraint,
     chat_prompt,
     check_constraint,
+    merged,
     openai_finish_reason,
-    plan,
+    plan_choices,
     prediction_ids,
     text_prompt,
     timings,
     usage,
     work,
 )
+from specdec.serve.logprobs import WireToken, chat_shape, completion_shape
 from specdec.serve.metrics import ServerMetrics
 from specdec.serve.middleware import BodyLimit, CountRequests
 from specdec.serve.schemas import (
@@ -63,16 +71,27 @@ from specdec.serve.schemas import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
     GenerationFields,
     ModelCard,
     ModelList,
     Timings,
+    TokenizeRequest,
     Usage,
 )
 from specdec.serve.tools import CallSplitter, parse_calls, template_tools
 from specdec.util.credentials import check_api_key
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/tokenize",
+    "/detokenize",
+    "/tokenizer_info",
+)
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
 
 
@@ -100,10 +119,52 @@ class _State:
     created: int
     tokenize_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def completion_ids(self, req: CompletionRequest) -> list[int]:
-        """A prompt's ids; tokenizer calls one request at a time (a transformers tokenizer may
-        reconfigure itself inside a call; decoding on the worker thread only reads it)."""
-        return text_prompt(self.pair, req, self.tokenize_lock, self.config.settings.parse_special)
+    def completion_ids(self, req: CompletionRequest) -> list[list[int]]:
+        """The prompts' ids; tokenizer calls one request at a time (a transformers tokenizer
+        may reconfigure itself inside a call; decoding on the worker thread only reads it)."""
+        special = self.config.settings.parse_special
+        return [text_prompt(self.pair, req, self.tokenize_lock, special, p) for p in req.prompts()]
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        """``/tokenize``: the ids a completions prompt of ``text`` gets (special-token text
+        is text unless the server parses it), under the tokenizer's lock."""
+        try:
+            check_text(text, "the prompt")
+        except SpecdecError as e:
+            raise FieldError("prompt", str(e)) from e
+        with self.tokenize_lock:
+            return encode_text(
+                self.pair.target,
+                text,
+                add_special_tokens=add_special,
+                parse_special=self.config.settings.parse_special,
+            )
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's ``/tokenizer_info`` fields that clients read (lm-eval's remote tokenizer):
+        the end and start tokens' texts, the chat template, the context window."""
+        target = self.pair.target
+        tok = target.tokenizer
+        with self.tokenize_lock:
+            names: dict[str, Any] = getattr(tok, "chat_variables", dict)()
+            eos = names.get("eos_token") or tok.decode([min(target.eos_token_ids)])
+            bos = names.get("bos_token") or None
+        return {
+            "eos_token": eos,
+            "bos_token": bos,
+            "pad_token": None,
+            "chat_template": getattr(tok, "chat_template", None),
+            "model_max_length": pair_context_limit(self.pair.draft, target),
+        }
+
+    def detokenize(self, ids: list[int]) -> str:
+        vocab = self.pair.target.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise FieldError("tokens", f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        with self.tokenize_lock:
+            text: str = self.pair.target.tokenizer.decode(ids)
+        return text
 
     def chat_ids(self, req: ChatRequest) -> list[int]:
         """The messages' ids: the template renders outside the lock (in a worker process),
@@ -170,22 +231,43 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
     @app.post("/v1/completions", dependencies=[Depends(auth)], response_model=None)
     async def completions(req: CompletionRequest, request: Request) -> Response:
         _check_model(req, config)
+        req.check()  # before any tokenizing
         ids = await asyncio.to_thread(state.completion_ids, req)  # off the event loop
         pred = await asyncio.to_thread(state.prediction_ids, req)
-        params = plan(pair, req, ids, config.settings, pred)
-        await asyncio.to_thread(check_constraint, pair, params)
-        return await _respond(state, req, params, request, chat=False)
+        params = plan_choices(pair, req, ids, config.settings, pred)
+        await asyncio.to_thread(check_constraint, pair, params[0])
+        wire = Wire(req.echo, req.return_tokens_as_token_ids, req.prompt_logprobs)
+        return await _respond(state, req, params, request, chat=False, wire=wire)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
     async def chat_completions(req: ChatRequest, request: Request) -> Response:
         _check_model(req, config)
+        req.check()
         ids = await asyncio.to_thread(state.chat_ids, req)
         pred = await asyncio.to_thread(state.prediction_ids, req)
         constraint = chat_constraint(pair, req)
-        params = plan(pair, req, ids, config.settings, pred, constraint)
-        await asyncio.to_thread(check_constraint, pair, params)
+        params = plan_choices(pair, req, [ids], config.settings, pred, constraint)
+        await asyncio.to_thread(check_constraint, pair, params[0])
+        wire = Wire(False, req.return_tokens_as_token_ids, req.prompt_logprobs)
         tools = template_tools(req) is not None
-        return await _respond(state, req, params, request, chat=True, tools=tools)
+        return await _respond(state, req, params, request, chat=True, wire=wire, tools=tools)
+
+    @app.post("/tokenize", dependencies=[Depends(auth)], response_model=None)
+    async def tokenize(req: TokenizeRequest) -> Response:
+        _check_model(req, config)
+        ids = await asyncio.to_thread(state.tokenize, req.text(), req.special())
+        n_ctx = pair_context_limit(pair.draft, pair.target)
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": n_ctx})
+
+    @app.get("/tokenizer_info", dependencies=[Depends(auth)], response_model=None)
+    async def tokenizer_info() -> Response:
+        return JSONResponse(await asyncio.to_thread(state.tokenizer_info))
+
+    @app.post("/detokenize", dependencies=[Depends(auth)], response_model=None)
+    async def detokenize(req: DetokenizeRequest) -> Response:
+        _check_model(req, config)
+        text = await asyncio.to_thread(state.detokenize, req.tokens)
+        return JSONResponse({"prompt": text, "content": text})
 
     def record(path: str, status: int) -> None:
         state.metrics.request(path if path in ENDPOINTS else "other", status)
@@ -244,7 +326,9 @@ def _auth_dependency(api_key: str | None) -> Callable[[Request], Awaitable[None]
     return check
 
 
-def _check_model(req: GenerationFields, config: ServeConfig) -> None:
+def _check_model(
+    req: GenerationFields | TokenizeRequest | DetokenizeRequest, config: ServeConfig
+) -> None:
     name = config.settings.model_name
     if req.model not in (None, "", name):
         raise APIError(
@@ -255,12 +339,13 @@ def _check_model(req: GenerationFields, config: ServeConfig) -> None:
         )
 
 
-def _submit(state: _State, params: GenerationRequest, stream: bool) -> Job:
+def _submit(state: _State, params: list[GenerationRequest], stream: bool, wire: Wire) -> Job:
     job_work = work(
         state.pair,
         params,
         stream_text=stream,
         on_result=state.metrics.generation,
+        wire=wire,
     )
     try:
         return state.engine.submit(job_work)
@@ -278,23 +363,27 @@ def _submit(state: _State, params: GenerationRequest, stream: bool) -> Job:
 async def _respond(
     state: _State,
     req: GenerationFields,
-    params: GenerationRequest,
+    params: list[GenerationRequest],
     request: Request,
     *,
     chat: bool,
+    wire: Wire,
     tools: bool = False,
 ) -> Response:
-    """The response to a request: SSE chunks when it streams, else one body; ``tools``: the
-    output is read for tool calls (``serve.tools``)."""
-    job = _submit(state, params, req.stream)
+    """The response to a request: SSE chunks when it streams, else one body; ``tools``: each
+    choice's output is read for tool calls (``serve.tools``)."""
+    job = _submit(state, params, req.stream, wire)
     ids = _Ids(
         id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
         created=int(time.time()),
         model=state.config.settings.model_name,
     )
+    n_prompt = _prompt_tokens(params, req.n)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        events = _sse(job, ids, chat=chat, include_usage=include_usage, tools=tools)
+        events = _sse(
+            job, ids, chat=chat, include_usage=include_usage, n_prompt=n_prompt, tools=tools
+        )
         return EventSourceResponse(events, ping=15)
     try:
         while True:
@@ -310,10 +399,15 @@ async def _respond(
                 break
     finally:
         job.cancel()  # no-op when finished; stops the generation when the client left
-    completion: Completion | None = message.value
-    if completion is None:  # cancelled by a shutdown
+    choices: list[ChoiceResult] | None = message.value
+    if choices is None:  # cancelled by a shutdown
         raise APIError(503, "the server is shutting down; the request was cancelled")
-    return JSONResponse(_final_body(completion, ids, chat=chat, tools=tools))
+    return JSONResponse(_final_body(choices, ids, chat=chat, n_prompt=n_prompt, tools=tools))
+
+
+def _prompt_tokens(params: list[GenerationRequest], n: int) -> int:
+    """Prompt tokens of a request: each prompt once, however many choices it has."""
+    return sum(len(p.prompt) for p in params[::n] if isinstance(p.prompt, tuple))
 
 
 @dataclass(frozen=True)
@@ -323,25 +417,63 @@ class _Ids:
     model: str
 
 
-def _final_body(c: Completion, ids: _Ids, *, chat: bool, tools: bool = False) -> dict[str, Any]:
-    res = c.result
-    reason = openai_finish_reason(res.finish_reason)
-    u, t = _stats(res)
+def _logprobs_block(tokens: list[WireToken] | None, *, chat: bool) -> dict[str, Any] | None:
+    if tokens is None:
+        return None
+    return chat_shape(tokens) if chat else completion_shape(tokens)
+
+
+def _final_body(
+    choices: list[ChoiceResult], ids: _Ids, *, chat: bool, n_prompt: int, tools: bool = False
+) -> dict[str, Any]:
+    results = [c.completion.result for c in choices]
+    u, t = _stats(merged(results), n_prompt)
+    envelope: ChatResponse | CompletionResponse
     if chat:
-        content, calls = parse_calls(c.text) if tools else (c.text, [])
-        message = AssistantMessage(
-            content=content, tool_calls=[call.as_openai() for call in calls] or None
+        envelope = ChatResponse(
+            id=ids.id,
+            created=ids.created,
+            model=ids.model,
+            choices=[_chat_choice(c, tools=tools) for c in choices],
+            usage=u,
+            timings=t,
         )
-        if calls:
-            reason = "tool_calls"
-        choice = ChatChoice(message=message, finish_reason=reason)
-        return ChatResponse(
-            id=ids.id, created=ids.created, model=ids.model, choices=[choice], usage=u, timings=t
-        ).model_dump()
-    text = CompletionChoice(text=c.text, finish_reason=reason)
-    return CompletionResponse(
-        id=ids.id, created=ids.created, model=ids.model, choices=[text], usage=u, timings=t
-    ).model_dump()
+    else:
+        envelope = CompletionResponse(
+            id=ids.id,
+            created=ids.created,
+            model=ids.model,
+            choices=[
+                CompletionChoice(
+                    index=c.index,
+                    text=c.text,
+                    logprobs=_logprobs_block(c.logprobs, chat=False),  # type: ignore[arg-type]
+                    finish_reason=openai_finish_reason(c.completion.finish_reason),
+                    prompt_logprobs=c.prompt_logprobs,
+                )
+                for c in choices
+            ],
+            usage=u,
+            timings=t,
+        )
+    body = envelope.model_dump()
+    for choice in body["choices"]:  # vLLM's field only where it was asked for
+        if choice.get("prompt_logprobs", 0) is None:
+            del choice["prompt_logprobs"]
+    return body
+
+
+def _chat_choice(c: ChoiceResult, *, tools: bool) -> ChatChoice:
+    """One chat choice; with ``tools``, its text read for tool calls (content before them)."""
+    content, calls = parse_calls(c.text) if tools else (c.text, [])
+    return ChatChoice(
+        index=c.index,
+        message=AssistantMessage(
+            content=content, tool_calls=[call.as_openai() for call in calls] or None
+        ),
+        logprobs=_logprobs_block(c.logprobs, chat=True),  # type: ignore[arg-type]
+        finish_reason="tool_calls" if calls else openai_finish_reason(c.completion.finish_reason),
+    )
 
 
 def _chunk(
@@ -349,18 +481,29 @@ def _chunk(
     *,
     chat: bool,
     text: str | None,
+    index: int = 0,
     role: Literal["assistant"] | None = None,
     finish_reason: str | None = None,
     result: GenerationResult | None = None,
+    n_prompt: int | None = None,
     with_choice: bool = True,
+    logprobs: list[WireToken] | None = None,
     calls: list[dict[str, Any]] | None = None,
 ) -> str:
     """One SSE data payload in OpenAI's chunk format (statistics on the last chunks)."""
-    u, t = _stats(result) if result is not None else (None, None)
+    u, t = _stats(result, n_prompt) if result is not None else (None, None)
+    block = _logprobs_block(logprobs, chat=chat)
     envelope: ChatChunk | CompletionResponse
     if chat:
         delta = ChatDelta(role=role, content=text, tool_calls=calls)
-        choices = [ChatChunkChoice(delta=delta, finish_reason=finish_reason)]
+        choices = [
+            ChatChunkChoice(
+                index=index,
+                delta=delta,
+                logprobs=block,  # type: ignore[arg-type]
+                finish_reason=finish_reason,
+            )
+        ]
         envelope = ChatChunk(
             id=ids.id,
             created=ids.created,
@@ -370,7 +513,14 @@ def _chunk(
             timings=t,
         )
     else:
-        texts = [CompletionChoice(text=text or "", finish_reason=finish_reason)]
+        texts = [
+            CompletionChoice(
+                index=index,
+                text=text or "",
+                logprobs=block,  # type: ignore[arg-type]
+                finish_reason=finish_reason,
+            )
+        ]
         envelope = CompletionResponse(
             id=ids.id,
             created=ids.created,
@@ -385,28 +535,66 @@ def _chunk(
     return json.dumps(body)
 
 
-def _stats(result: GenerationResult) -> tuple[Usage, Timings]:
-    return Usage.model_validate(usage(result)), Timings.model_validate(timings(result))
+def _stats(result: GenerationResult, n_prompt: int | None = None) -> tuple[Usage, Timings]:
+    return Usage.model_validate(usage(result, n_prompt)), Timings.model_validate(timings(result))
 
 
 async def _sse(
-    job: Job, ids: _Ids, *, chat: bool, include_usage: bool, tools: bool = False
+    job: Job, ids: _Ids, *, chat: bool, include_usage: bool, n_prompt: int, tools: bool = False
 ) -> AsyncIterator[ServerSentEvent]:
-    """OpenAI chunks: a role chunk (chat), text chunks as rounds are accepted, a final chunk
-    with the finish reason (and the statistics), then ``[DONE]``. With ``tools``, text from
-    ``<tool_call>`` on is held back and sent as ``tool_calls`` deltas at the end. A client
-    that goes away cancels the generation (sse-starlette cancels this generator; ``finally``
-    tells the job)."""
-    splitter = CallSplitter() if tools else None
+    """OpenAI chunks: a role chunk per choice (chat), text chunks as rounds are accepted,
+    a chunk with each choice's finish reason (the last with the statistics of all), then
+    ``[DONE]``; choices come one after another, each chunk naming its index. With ``tools``,
+    a choice's text from ``<tool_call>`` on is held back and sent as ``tool_calls`` deltas
+    when the choice ends. A client that goes away cancels the generation (sse-starlette
+    cancels this generator; ``finally`` tells the job)."""
     try:
-        if chat:
-            yield ServerSentEvent(_chunk(ids, chat=True, text="", role="assistant"))
+        started: set[int] = set()
+        done: list[ChoiceResult] = []
+        splitters: dict[int, CallSplitter] = {}  # with tools, per choice
+        called: set[int] = set()  # choices that ended in tool calls
         while True:
             message = await job.next()
-            if isinstance(message, str):
-                piece = message if splitter is None else splitter.feed(message)
-                if piece:
-                    yield ServerSentEvent(_chunk(ids, chat=chat, text=piece))
+            if isinstance(message, Piece):
+                if chat and message.index not in started:
+                    started.add(message.index)
+                    yield ServerSentEvent(
+                        _chunk(ids, chat=True, text="", role="assistant", index=message.index)
+                    )
+                text = message.text
+                if tools:  # (no logprobs with tools: ChatRequest.check)
+                    text = splitters.setdefault(message.index, CallSplitter()).feed(text)
+                    if not text:
+                        continue
+                yield ServerSentEvent(
+                    _chunk(
+                        ids,
+                        chat=chat,
+                        text=text,
+                        index=message.index,
+                        logprobs=message.logprobs,
+                    )
+                )
+                continue
+            if isinstance(message, ChoiceResult):
+                if chat and message.index not in started:  # a choice without any text
+                    started.add(message.index)
+                    yield ServerSentEvent(
+                        _chunk(ids, chat=True, text="", role="assistant", index=message.index)
+                    )
+                if tools:
+                    rest, calls = splitters.pop(message.index, CallSplitter()).finish()
+                    if rest:
+                        yield ServerSentEvent(
+                            _chunk(ids, chat=chat, text=rest, index=message.index)
+                        )
+                    if calls:
+                        deltas = [call.as_openai(i) for i, call in enumerate(calls)]
+                        yield ServerSentEvent(
+                            _chunk(ids, chat=chat, text=None, index=message.index, calls=deltas)
+                        )
+                        called.add(message.index)
+                done.append(message)
                 continue
             if isinstance(message, Failed):
                 err = message.error
@@ -423,26 +611,33 @@ async def _sse(
                 yield ServerSentEvent("[DONE]")
                 return
             assert isinstance(message, Finished)
-            completion: Completion | None = message.value
-            if completion is None:  # cancelled (server shutting down)
+            if message.value is None:  # cancelled (server shutting down)
                 yield ServerSentEvent("[DONE]")
                 return
-            res = completion.result
-            reason = openai_finish_reason(res.finish_reason)
-            if splitter is not None:
-                rest, calls = splitter.finish()
-                if rest:
-                    yield ServerSentEvent(_chunk(ids, chat=chat, text=rest))
-                if calls:
-                    deltas = [call.as_openai(i) for i, call in enumerate(calls)]
-                    yield ServerSentEvent(_chunk(ids, chat=chat, text=None, calls=deltas))
-                    reason = "tool_calls"
-            yield ServerSentEvent(
-                _chunk(ids, chat=chat, text=None, finish_reason=reason, result=res)
-            )
+            res = merged([c.completion.result for c in done])
+            for j, c in enumerate(done):
+                reason = (
+                    "tool_calls"
+                    if c.index in called
+                    else openai_finish_reason(c.completion.finish_reason)
+                )
+                last = j == len(done) - 1
+                yield ServerSentEvent(
+                    _chunk(
+                        ids,
+                        chat=chat,
+                        text=None,
+                        index=c.index,
+                        finish_reason=reason,
+                        result=res if last else None,
+                        n_prompt=n_prompt,
+                    )
+                )
             if include_usage:  # OpenAI's usage-only chunk
                 yield ServerSentEvent(
-                    _chunk(ids, chat=chat, text=None, result=res, with_choice=False)
+                    _chunk(
+                        ids, chat=chat, text=None, result=res, n_prompt=n_prompt, with_choice=False
+                    )
                 )
             yield ServerSentEvent("[DONE]")
             return
