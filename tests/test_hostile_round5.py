@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -160,3 +161,337 @@ def test_the_served_pair_refuses_a_library_call_while_it_streams() -> None:
     chunks = [json.loads(ln[5:]) for ln in lines if ln.startswith("data:") and "[DONE]" not in ln]
     text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert text == alone.json()["choices"][0]["text"]
+
+
+# -- 2. shutdown -----------------------------------------------------------------------------
+
+
+def _sse_lines(base: str, body: dict, out: list[str], started: threading.Event) -> None:
+    try:
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+            out.append(f"status {r.status_code}")
+            for line in r.iter_lines():
+                if line:
+                    out.append(line)
+                    started.set()
+    except httpx.HTTPError as e:
+        out.append(f"transport error {type(e).__name__}")
+    started.set()
+
+
+def _post_into(base: str, body: dict, out: list[object]) -> None:
+    try:
+        r = httpx.post(base + "/v1/completions", json=body, timeout=60)
+        out.append(r)
+    except httpx.HTTPError as e:
+        out.append(e)
+
+
+def test_shutdown_lets_the_running_stream_finish_and_answers_the_queued_with_503() -> None:
+    """Ctrl-C / SIGTERM cut running streams 0.4 s later without [DONE] (sse-starlette's exit
+    hook), gave queued streams an empty body and, after the timeout, queued requests a
+    text/plain 500 with CancelledError tracebacks. Now: the running stream ends as it would
+    have, [DONE] included; a queued stream gets an error event and [DONE]; a queued request
+    a 503 JSON, both at once; the server has stopped soon after the running one ended."""
+    from serve_harness import start_server
+
+    pair = mock_serve_pair(draft="none", delay=0.02)
+    base, stop = start_server(pair, k=0, shutdown_timeout=20.0, max_queue=4)
+    running: list[str] = []
+    queued: list[str] = []
+    plain: list[object] = []
+    go_a, go_b = threading.Event(), threading.Event()
+    a = threading.Thread(
+        target=_sse_lines,
+        args=(base, {"prompt": PROMPT, "max_tokens": 60, "stream": True}, running, go_a),
+    )
+    a.start()
+    assert go_a.wait(10)
+    b = threading.Thread(
+        target=_sse_lines,
+        args=(base, {"prompt": PROMPT, "max_tokens": 5, "stream": True}, queued, go_b),
+    )
+    b.start()
+    c = threading.Thread(target=_post_into, args=(base, {"prompt": PROMPT, "max_tokens": 5}, plain))
+    c.start()
+    _wait_for_queue(base, 2)  # both are queued behind the running one
+    t0 = time.monotonic()
+    stop()  # what Ctrl-C does: uvicorn's should_exit
+    stopped_after = time.monotonic() - t0
+    for t in (a, b, c):
+        t.join(30)
+    assert running[0] == "status 200" and running[-1] == "data: [DONE]", running[-3:]
+    last = json.loads(running[-2][5:])
+    assert last["choices"][0]["finish_reason"] == "length"  # it ran to its 60 tokens
+    assert last["usage"]["completion_tokens"] == 60
+    assert queued[-1] == "data: [DONE]", queued
+    assert json.loads(queued[-2][5:])["error"]["code"] == "shutting_down"
+    (r,) = plain
+    assert isinstance(r, httpx.Response) and r.status_code == 503
+    assert r.headers["content-type"].startswith("application/json")
+    assert r.json()["error"]["code"] == "shutting_down"
+    assert stopped_after < 10  # the 60 tokens take ~1.5 s; not the 20 s timeout
+
+
+def test_past_the_shutdown_timeout_a_stream_ends_with_an_error_event_and_done() -> None:
+    from serve_harness import start_server
+
+    pair = mock_serve_pair(draft="none", delay=0.02)
+    base, stop = start_server(pair, k=0, shutdown_timeout=1.0)
+    lines: list[str] = []
+    go = threading.Event()
+    body = {"prompt": PROMPT, "max_tokens": 400, "stream": True}
+    a = threading.Thread(target=_sse_lines, args=(base, body, lines, go))
+    a.start()
+    assert go.wait(10)
+    t0 = time.monotonic()
+    stop()
+    assert time.monotonic() - t0 < 5
+    a.join(10)
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    assert json.loads(lines[-2][5:])["error"]["code"] == "shutting_down"
+    assert pair.target.n_cached < 300  # cut long before its 400 tokens
+
+
+def _wait_for_queue(base: str, n: int) -> None:
+    deadline = time.monotonic() + 20
+    while httpx.get(base + "/health", timeout=5).json()["waiting"] < n:
+        assert time.monotonic() < deadline, "the requests were not queued"
+        time.sleep(0.02)
+
+
+SERVE_SCRIPT = """
+import sys
+sys.path[:0] = ['tests']
+from serve_harness import mock_serve_pair
+from specdec.serve import ServeConfig, ServeSettings, create_app, server
+pair = mock_serve_pair(draft='none', delay=0.02)
+app = create_app(pair, ServeConfig(ServeSettings('mock', k=0), max_queue=4))
+server.run(app, host='127.0.0.1', port=int(sys.argv[1]), shutdown_timeout=float(sys.argv[2]))
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(base: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "did not start"
+        time.sleep(0.2)
+
+
+def test_sigterm_drains_and_exits_without_a_traceback() -> None:
+    """The process: SIGTERM with a stream running and one queued; the running one ends with
+    [DONE], the queued one gets its error event, no traceback, and the process is gone
+    within a second or two of the running stream's end (it was 37-39 s)."""
+    import signal
+
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    root = Path(__file__).parent.parent
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_SCRIPT, str(port), "30"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=root,
+    )
+    try:
+        _wait_healthy(base, proc)
+        running: list[str] = []
+        queued: list[str] = []
+        go_a, go_b = threading.Event(), threading.Event()
+        body = {"prompt": PROMPT, "max_tokens": 50, "stream": True}
+        a = threading.Thread(target=_sse_lines, args=(base, body, running, go_a))
+        a.start()
+        assert go_a.wait(10)
+        b = threading.Thread(
+            target=_sse_lines, args=(base, {**body, "max_tokens": 3}, queued, go_b)
+        )
+        b.start()
+        _wait_for_queue(base, 1)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+        a.join(10)
+        b.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert running[-1] == "data: [DONE]" and '"finish_reason":"length"' in running[-2].replace(
+        " ", ""
+    ), running[-3:]
+    assert json.loads(queued[-2][5:])["error"]["code"] == "shutting_down"
+    assert "Traceback" not in err and "CancelledError" not in err, err
+    assert took < 10, took  # 50 tokens at 0.02 s, then the exit
+
+
+# -- 3. a slow-header client -------------------------------------------------------------------
+
+
+def test_clients_trickling_headers_are_cut_and_health_stays_quick() -> None:
+    """1,100 clients trickling request headers held their connections forever and made
+    /health time out. With a header deadline (0.5 s here) and a bound of 16 connections, 40
+    such clients hold nothing long: each is closed, /health answers at once throughout."""
+    import socket
+
+    from specdec.serve.server import ConnectionLimits
+
+    pair = mock_serve_pair(draft="none")
+    limits = ConnectionLimits(header_timeout_s=0.5, max_connections=16)
+    with running_server(pair, limits=limits) as base:
+        port = int(base.rsplit(":", 1)[1])
+        slow = []
+        for _ in range(40):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+            slow.append(s)
+        worst = 0.0
+        for _ in range(10):
+            t0 = time.monotonic()
+            assert httpx.get(base + "/health", timeout=5).status_code == 200
+            worst = max(worst, time.monotonic() - t0)
+            time.sleep(0.05)
+        closed = 0
+        for s in slow:
+            s.settimeout(3)
+            try:
+                closed += s.recv(1) == b""
+            except (ConnectionResetError, TimeoutError):
+                closed += 1
+            s.close()
+    assert worst < 1.0, worst
+    assert closed == 40  # every one was closed by the server (deadline or bound)
+
+
+def test_a_flood_of_one_message_is_logged_a_few_times() -> None:
+    import logging
+
+    from specdec.serve.server import LOG_BURST, BoundedLog
+
+    bound = BoundedLog()
+    kept = []
+    for _ in range(10_000):
+        try:
+            raise OSError(24, "Too many open files")
+        except OSError:
+            import sys as _sys
+
+            rec = logging.LogRecord("asyncio", 40, "x", 1, "accept failed", (), _sys.exc_info())
+        if bound.filter(rec):
+            kept.append(rec)
+    assert len(kept) == LOG_BURST
+    assert kept[0].exc_info is not None and all(r.exc_info is None for r in kept[1:])
+
+
+# -- 4. abandoned large predictions ----------------------------------------------------------
+
+
+class CountingTokenizer:
+    """The mock tokenizer, counting the characters it was asked to encode."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.chars = 0
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        self.chars += len(text)
+        return self.inner.encode(text, add_special_tokens=add_special_tokens)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_a_prediction_that_cannot_fit_is_refused_before_the_tokenizer_sees_it() -> None:
+    pair = mock_serve_pair(draft="close")
+    counting = CountingTokenizer(pair.target.tokenizer)
+    pair.target._tokenizer = counting  # type: ignore[attr-defined]
+    big = "x" * ((4 << 20) // 2)
+    body = {"prompt": PROMPT, "max_tokens": 4, "prediction": {"type": "content", "content": big}}
+    with running_server(pair, max_body_bytes=8 << 20) as base:
+        r = httpx.post(base + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prediction"
+        assert counting.chars == 0
+        long_prompt = httpx.post(
+            base + "/v1/completions", json={"prompt": big, "max_tokens": 4}, timeout=30
+        )
+        assert long_prompt.status_code == 400 and long_prompt.json()["error"]["param"] == "prompt"
+        assert counting.chars == 0
+        ok = httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
+        assert ok.status_code == 200 and counting.chars > 0
+
+
+def test_a_request_whose_client_left_is_neither_tokenized_nor_queued() -> None:
+    """The tokenizer is held (as by a long tokenization); a client sends a prediction and
+    hangs up; when the tokenizer is free, its request is skipped, not tokenized or queued."""
+    pair = mock_serve_pair(draft="close")
+    counting = CountingTokenizer(pair.target.tokenizer)
+    pair.target._tokenizer = counting  # type: ignore[attr-defined]
+    with running_server(pair) as base:
+        state = _app_state(pair)
+        state.tokenize_lock.acquire()
+        try:
+            body = {"prompt": PROMPT, "max_tokens": 4, "prediction": "abc " * 100}
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(
+                    base + "/v1/completions",
+                    json={**body, "prediction": {"type": "content", "content": "abc " * 100}},
+                    timeout=httpx.Timeout(10, read=0.5),
+                )
+            time.sleep(0.6)  # the server sees the hang-up (polled every 0.25 s)
+        finally:
+            state.tokenize_lock.release()
+        time.sleep(0.3)
+        assert counting.chars == 0
+        m = httpx.get(base + "/metrics").text
+        assert 'specdec_generations_total{finish_reason="cancelled"}' not in m or (
+            'specdec_generations_total{finish_reason="cancelled"} 0' in m
+        )
+        ok = httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
+        assert ok.status_code == 200
+
+
+def test_with_no_free_slot_a_request_is_refused_before_its_body_is_read() -> None:
+    """The queue is full: a client that announces a 4 MiB body gets its 429 before sending
+    a byte of it (it was read, parsed and tokenized first)."""
+    import socket
+
+    pair = mock_serve_pair(draft="none", delay=0.02)
+    with running_server(pair, k=0, max_queue=0) as base:
+        go: list[str] = []
+        started = threading.Event()
+        body = {"prompt": PROMPT, "max_tokens": 200, "stream": True}
+        a = threading.Thread(target=_sse_lines, args=(base, body, go, started))
+        a.start()
+        assert started.wait(10)
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 4194304\r\n\r\n"
+            )
+            answer = s.recv(4096).decode()
+        a.join(30)
+    assert answer.startswith("HTTP/1.1 429"), answer
+    assert "retry-after" in answer.lower() and "queue_full" in answer
+
+
+def _app_state(pair: Pair) -> Any:
+    """The state of the app serving ``pair`` (the harness keeps the app; found by the gc)."""
+    import gc
+
+    from specdec.serve.app import _State
+
+    (state,) = [o for o in gc.get_objects() if isinstance(o, _State) and o.pair is pair]
+    return state

@@ -25,16 +25,25 @@ from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from specdec.api import Pair
 from specdec.completion import Completion
 from specdec.core.model import CausalLM
 from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
+from specdec.pairs import pair_context_limit
 from specdec.request import GenerationRequest
+from specdec.serve.admission import (
+    Admission,
+    ClientGone,
+    Slots,
+    Turn,
+    longest_token_chars,
+    text_bound,
+    watched,
+)
 from specdec.serve.engine import Engine, Failed, Finished, Job, QueueFull, ShuttingDown
 from specdec.serve.errors import APIError, error_response, validation_error
 from specdec.serve.generation import (
@@ -71,6 +80,9 @@ from specdec.util.credentials import check_api_key
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
+PING_S = 15.0  # a stream with nothing to send for this long sends a comment (kept alive)
+SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+SHUT_DOWN = "the server is shutting down; the request was cancelled"
 
 
 @dataclass(frozen=True)
@@ -95,23 +107,51 @@ class _State:
     engine: Engine
     metrics: ServerMetrics
     created: int
+    token_chars: int  # the most characters one token of the target decodes to
     tokenize_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def completion_ids(self, req: CompletionRequest) -> list[int]:
+    def completion_ids(self, req: CompletionRequest, turn: Turn) -> list[int]:
         """A prompt's ids; tokenizer calls one request at a time (a transformers tokenizer may
         reconfigure itself inside a call; decoding on the worker thread only reads it)."""
-        return text_prompt(self.pair, req, self.tokenize_lock, self.config.settings.parse_special)
+        return text_prompt(self.pair, req, turn, self.config.settings.parse_special)
 
-    def chat_ids(self, req: ChatRequest) -> list[int]:
+    def chat_ids(self, req: ChatRequest, turn: Turn) -> list[int]:
         """The messages' ids: the template renders outside the lock (in a worker process),
         the tokenizer's calls inside it."""
         special = self.config.settings.parse_special
-        return chat_prompt(self.pair, req, self.tokenize_lock, special)
+        return chat_prompt(self.pair, req, turn, special)
 
-    def prediction_ids(self, req: GenerationFields) -> list[int]:
+    def prediction_ids(self, req: GenerationFields, turn: Turn) -> list[int]:
         """The request's prediction as ids ([] without one), tokenized under the lock."""
         special = self.config.settings.parse_special
-        return prediction_ids(self.pair, req, self.tokenize_lock, special)
+        return prediction_ids(self.pair, req, turn, special)
+
+    def check_sizes(self, req: GenerationFields) -> None:
+        """Text that cannot fit the window whatever it tokenizes to: a 400 before the
+        tokenizer sees it (``admission.text_bound``)."""
+        n_ctx = pair_context_limit(self.pair.draft, self.pair.target)
+        if isinstance(req, ChatRequest):
+            chars = sum(len(m.text()) for m in req.messages)
+            text_bound(chars, n_ctx, self.token_chars, "messages")
+        elif isinstance(req, CompletionRequest) and isinstance(req.prompt, str):
+            text_bound(len(req.prompt), n_ctx, self.token_chars, "prompt")
+        if req.prediction is not None:  # more than any output could be
+            text_bound(len(req.prediction.text()), n_ctx, self.token_chars, "prediction")
+
+    async def prepared(
+        self, req: GenerationFields, request: Request, encode: Callable[[Turn], list[int]]
+    ) -> tuple[list[int], list[int]] | None:
+        """(prompt ids, prediction ids), tokenized off the event loop in the tokenizer's
+        turn; None when the client left before either was tokenized or before queueing."""
+        self.check_sizes(req)
+        async with watched(request.is_disconnected) as gone:
+            turn = Turn(self.tokenize_lock, gone)
+            try:
+                ids = await asyncio.to_thread(encode, turn)
+                pred = await asyncio.to_thread(self.prediction_ids, req, turn)
+            except ClientGone:
+                return None
+            return None if gone.is_set() else (ids, pred)
 
 
 def _reset_caches(pair: Pair) -> None:
@@ -130,6 +170,7 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
         engine=Engine(config.max_queue, on_failure=lambda: _reset_caches(pair)),
         metrics=ServerMetrics(),
         created=int(time.time()),
+        token_chars=longest_token_chars(pair.target.tokenizer, pair.target.vocab_size),
     )
 
     @asynccontextmanager
@@ -167,16 +208,20 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
     @app.post("/v1/completions", dependencies=[Depends(auth)], response_model=None)
     async def completions(req: CompletionRequest, request: Request) -> Response:
         _check_model(req, config)
-        ids = await asyncio.to_thread(state.completion_ids, req)  # off the event loop
-        pred = await asyncio.to_thread(state.prediction_ids, req)
+        got = await state.prepared(req, request, lambda turn: state.completion_ids(req, turn))
+        if got is None:
+            return Response(status_code=499)  # the client left: nothing tokenized or queued
+        ids, pred = got
         params = plan(pair, req, ids, config.settings, pred)
         return await _respond(state, req, params, request, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
     async def chat_completions(req: ChatRequest, request: Request) -> Response:
         _check_model(req, config)
-        ids = await asyncio.to_thread(state.chat_ids, req)
-        pred = await asyncio.to_thread(state.prediction_ids, req)
+        got = await state.prepared(req, request, lambda turn: state.chat_ids(req, turn))
+        if got is None:
+            return Response(status_code=499)
+        ids, pred = got
         params = plan(pair, req, ids, config.settings, pred)
         return await _respond(state, req, params, request, chat=True)
 
@@ -185,6 +230,12 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
 
     app.add_middleware(
         BodyLimit, max_bytes=config.max_body_bytes, max_seconds=config.body_timeout_s
+    )
+    app.add_middleware(  # a slot before the body is read (``admission``)
+        Admission,
+        slots=Slots(config.max_queue + 1),
+        closing=lambda: state.engine.closing,
+        retry_after=state.engine.retry_after,
     )
     app.add_middleware(CountRequests, record=record)
     return app
@@ -280,7 +331,9 @@ async def _respond(
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         events = _sse(job, ids, chat=chat, include_usage=include_usage)
-        return EventSourceResponse(events, ping=15)
+        # Starlette's own streaming response: it stops the stream when the client leaves, and
+        # nothing else (sse-starlette's cut every stream at a shutdown signal, without [DONE])
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     try:
         while True:
             try:
@@ -297,7 +350,7 @@ async def _respond(
         job.cancel()  # no-op when finished; stops the generation when the client left
     completion: Completion | None = message.value
     if completion is None:  # cancelled by a shutdown
-        raise APIError(503, "the server is shutting down; the request was cancelled")
+        raise APIError(503, SHUT_DOWN, code="shutting_down")
     return JSONResponse(_final_body(completion, ids, chat=chat))
 
 
@@ -367,49 +420,60 @@ def _stats(result: GenerationResult) -> tuple[Usage, Timings]:
     return Usage.model_validate(usage(result)), Timings.model_validate(timings(result))
 
 
-async def _sse(
-    job: Job, ids: _Ids, *, chat: bool, include_usage: bool
-) -> AsyncIterator[ServerSentEvent]:
+def _event(data: str) -> str:
+    """One server-sent event (``data`` is one line: JSON or [DONE])."""
+    return f"data: {data}\n\n"
+
+
+def _error_event(message: str, *, status: int, code: str | None = None) -> str:
+    body = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if status == 400 else "server_error",
+            "param": None,
+            "code": code,
+        }
+    }
+    return _event(json.dumps(body))
+
+
+async def _sse(job: Job, ids: _Ids, *, chat: bool, include_usage: bool) -> AsyncIterator[str]:
     """OpenAI chunks: a role chunk (chat), text chunks as rounds are accepted, a final chunk
-    with the finish reason (and the statistics), then ``[DONE]``. A client that goes away
-    cancels the generation (sse-starlette cancels this generator; ``finally`` tells the job)."""
+    with the finish reason (and the statistics), then ``[DONE]``; a failure or a shutdown
+    ends it with an error event, then ``[DONE]``. A client that goes away cancels the
+    generation (Starlette cancels this generator; ``finally`` tells the job)."""
     try:
         if chat:
-            yield ServerSentEvent(_chunk(ids, chat=True, text="", role="assistant"))
+            yield _event(_chunk(ids, chat=True, text="", role="assistant"))
         while True:
-            message = await job.next()
+            try:
+                message = await asyncio.wait_for(job.next(), PING_S)
+            except TimeoutError:
+                yield ": ping\n\n"  # a comment: clients skip it, proxies see traffic
+                continue
             if isinstance(message, str):
-                yield ServerSentEvent(_chunk(ids, chat=chat, text=message))
+                yield _event(_chunk(ids, chat=chat, text=message))
                 continue
             if isinstance(message, Failed):
                 err = message.error
-                status, text = (400, str(err)) if isinstance(err, ValueError) else (500, "")
-                body = {
-                    "error": {
-                        "message": text or "internal error during generation",
-                        "type": "invalid_request_error" if status == 400 else "server_error",
-                        "param": None,
-                        "code": None,
-                    }
-                }
-                yield ServerSentEvent(json.dumps(body))
-                yield ServerSentEvent("[DONE]")
+                if isinstance(err, ValueError):
+                    yield _error_event(str(err), status=400)
+                else:
+                    yield _error_event("internal error during generation", status=500)
+                yield _event("[DONE]")
                 return
             assert isinstance(message, Finished)
             completion: Completion | None = message.value
-            if completion is None:  # cancelled (server shutting down)
-                yield ServerSentEvent("[DONE]")
+            if completion is None:  # cancelled by a shutdown (queued, or past the drain)
+                yield _error_event(SHUT_DOWN, status=503, code="shutting_down")
+                yield _event("[DONE]")
                 return
             res = completion.result
             reason = openai_finish_reason(res.finish_reason)
-            yield ServerSentEvent(
-                _chunk(ids, chat=chat, text=None, finish_reason=reason, result=res)
-            )
+            yield _event(_chunk(ids, chat=chat, text=None, finish_reason=reason, result=res))
             if include_usage:  # OpenAI's usage-only chunk
-                yield ServerSentEvent(
-                    _chunk(ids, chat=chat, text=None, result=res, with_choice=False)
-                )
-            yield ServerSentEvent("[DONE]")
+                yield _event(_chunk(ids, chat=chat, text=None, result=res, with_choice=False))
+            yield _event("[DONE]")
             return
     finally:
         job.cancel()
