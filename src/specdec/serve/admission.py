@@ -164,6 +164,8 @@ async def watched(is_disconnected: Callable[[], Any]) -> Any:
     """An event set as soon as the client is seen gone (polled every POLL_S) while the body
     of the ``async with`` runs."""
     gone = threading.Event()
+    if await is_disconnected():  # at once: a client that left as it sent is not tokenized
+        gone.set()
 
     async def watch() -> None:
         while not gone.is_set():

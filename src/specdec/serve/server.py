@@ -9,7 +9,8 @@ trickling headers held 1,100 connections and starved ``/health``):
   opening or of the previous response's end; else the connection is closed (its body is
   ``middleware.BodyLimit``'s, 30 s);
 - at most ``max_connections`` are open: one more closes the oldest connection that is
-  waiting for a request (headers not yet complete, or idle between requests), or, when every
+  waiting for its first request's headers, else the oldest idle between requests (a client
+  that keeps its connection alive has completed a request: it goes last), else, when every
   one is in a request, the new one itself.
 
 Logs: each distinct message of uvicorn's and asyncio's loggers is written at most
@@ -26,6 +27,7 @@ process ends when the last connection has closed.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import socket
@@ -105,27 +107,40 @@ class BoundedLog(logging.Filter):
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type:
-    """uvicorn's h11 protocol with the header deadline and the connection bound."""
+    """uvicorn's h11 protocol with the header deadline and the connection bound (one class
+    per server). Its connections waiting for a request stand in two lines, each oldest first:
+    those that have not completed a request yet, and those idle after one (a client keeping
+    its connection alive); one more connection than the bound closes the first of the first
+    line, else of the second, else itself."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    fresh: dict[Any, None] = {}  # waiting, no request completed yet: oldest first
+    idle: dict[Any, None] = {}  # waiting after a completed request: oldest first
 
     class GuardedH11(H11Protocol):
         _timer: asyncio.TimerHandle | None = None
-        _opened = 0.0
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._opened = time.monotonic()
-            self._arm()
+            self._wait(fresh)
             if len(self.connections) > limits.max_connections:
-                self._make_room()
+                victim = next((c for c in itertools.chain(fresh, idle) if c is not self), self)
+                victim._drop()
 
         def waiting(self) -> bool:
             """No request in progress: its line and headers have not all arrived yet."""
             return self.cycle is None or bool(self.cycle.response_complete)
 
-        def _arm(self) -> None:
+        def _wait(self, line: dict[Any, None]) -> None:
+            """Begin waiting for a request: the header deadline, a place in ``line``."""
             self._disarm()
             self._timer = self.loop.call_later(limits.header_timeout_s, self._late)
+            self._leave()
+            line[self] = None
+
+        def _leave(self) -> None:
+            fresh.pop(self, None)
+            idle.pop(self, None)
 
         def _disarm(self) -> None:
             if self._timer is not None:
@@ -135,32 +150,27 @@ def guarded_protocol(limits: ConnectionLimits) -> type:
         def _late(self) -> None:
             self._timer = None
             if self.waiting():
-                self.transport.close()
+                self._drop()
 
-        def _make_room(self) -> None:
-            idle = [
-                c
-                for c in self.connections
-                if c is not self
-                and isinstance(c, GuardedH11)
-                and c.waiting()
-                and not c.transport.is_closing()
-            ]
-            victim = min(idle, key=lambda c: c._opened) if idle else self
-            victim.transport.close()
+        def _drop(self) -> None:
+            self._disarm()
+            self._leave()  # out of line now, not when the close is done
+            self.transport.close()
 
         def handle_events(self) -> None:
             super().handle_events()
             if not self.waiting():
                 self._disarm()  # the request's headers are in
+                self._leave()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if self.waiting() and not self.transport.is_closing():
-                self._arm()  # the next request's headers: the same bound
+                self._wait(idle)  # the next request's headers: the same bound
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._leave()
             super().connection_lost(exc)
 
     return GuardedH11
