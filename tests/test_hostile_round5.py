@@ -481,7 +481,12 @@ def test_with_no_free_slot_a_request_is_refused_before_its_body_is_read() -> Non
                 b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 b"Content-Length: 4194304\r\n\r\n"
             )
-            answer = s.recv(4096).decode()
+            answer = ""
+            while "queue_full" not in answer:  # the headers, then the body (the 5 s guard)
+                got = s.recv(4096).decode()
+                if not got:
+                    break
+                answer += got
         a.join(30)
     assert answer.startswith("HTTP/1.1 429"), answer
     assert "retry-after" in answer.lower() and "queue_full" in answer
@@ -495,3 +500,242 @@ def _app_state(pair: Pair) -> Any:
 
     (state,) = [o for o in gc.get_objects() if isinstance(o, _State) and o.pair is pair]
     return state
+
+
+# -- 5. outside text in Markdown files -------------------------------------------------------
+
+INJECTED = "m` <img src=x onerror=alert(1)> [click](http://evil.example) ``x"
+
+
+def _html(markdown: str) -> str:
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": True}).render(markdown)
+
+
+def test_md_text_and_md_code_keep_any_text_as_text() -> None:
+    """The helpers: whatever the text, a renderer shows its characters and makes no tag,
+    link or image of them (rendered here by a CommonMark renderer with HTML on)."""
+    from specdec.util.printable import md_code, md_text
+
+    samples = [INJECTED, "`", "``", "` `", "*a* _b_ <b>c</b> &amp; \\ | # ~~d~~", "\x1b[31m\n"]
+    for text in samples:
+        for shown in (md_text(text), md_code(text)):
+            html = _html(f"- x: {shown}")
+            assert "<img" not in html and "<a " not in html and "<b>" not in html, (text, html)
+            assert "\x1b" not in shown and "\n" not in shown
+
+
+def test_a_server_model_id_stays_text_in_the_certificate_and_the_bench_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server's model id broke out of its backticks in certificate.md and bench's
+    report.md (an <img onerror> and a link rendered)."""
+    from endpoint_harness import running_app
+    from hostile_server import hostile_app
+    from specdec.cli import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    with running_app(hostile_app(None, model_id=INJECTED)) as url:
+        common = ["--prompts", str(prompts), "--max-new-tokens", "2", "--retries", "0"]
+        certify = ["--greedy-prompts", "1", "--sampled-prompts", "0", "--out", str(tmp_path / "c")]
+        rc_c = main(["certify", "--endpoint", url, *common, *certify])
+        bench = ["--concurrency", "1", "--no-progress", "--out", str(tmp_path / "b.jsonl")]
+        rc_b = main(["bench", "--endpoint", url, *common, *bench])
+    err = capsys.readouterr().err
+    assert rc_c == 0 and rc_b == 0, err
+    reports = [tmp_path / "c" / "certificate.md", *tmp_path.rglob("report.md")]
+    assert len(reports) == 2, reports
+    for md in reports:
+        html = _html(md.read_text())
+        images = html.count("<img") - html.count('<img src="throughput.png"')  # the report's own
+        assert images == 0 and 'href="http://evil' not in html, (md, html[:2000])
+        assert "onerror=alert(1)" in html  # shown as the text it is
+
+
+def test_divergence_texts_stay_text_in_the_certificate() -> None:
+    from specdec.certify.endpoint.certificate import EndpointCertificate
+    from specdec.certify.endpoint.greedy import GreedyCase
+    from specdec.certify.endpoint.report import render_markdown
+
+    case = GreedyCase(
+        prompt=INJECTED,
+        status="differs",
+        on_text=INJECTED,
+        off_text=INJECTED,
+        char_index=3,
+        context=INJECTED,
+        on_next="<img src=x onerror=alert(1)>",
+        off_next="[a](http://evil.example)",
+        reason=INJECTED,
+    )
+    cert = EndpointCertificate(
+        status="fail",
+        sides="a <b>x</b>",
+        model=INJECTED,
+        api="completions",
+        plan={"greedy_tokens": 2, "tie_gap": 0.1},
+        greedy=[case],
+        tests=[],
+        drafted_on=None,
+        accepted_on=None,
+        notes=[INJECTED],
+        pertoken_note=INJECTED,
+    )
+    html = _html(render_markdown(cert))
+    assert "<img" not in html and "<a " not in html and "<b>" not in html, html
+
+
+# -- 6. truncated streams in bench --endpoint ------------------------------------------------
+
+
+def test_a_stream_without_done_is_a_bad_reply() -> None:
+    """A stream cut short (no [DONE]) was counted as a complete reply."""
+    import asyncio
+
+    from specdec.endpoint.client import _sse_objects
+    from specdec.endpoint.errors import BadReply
+
+    async def lines(done: bool) -> list[Any]:
+        async def gen() -> Any:
+            yield 'data: {"choices": [{"text": "a", "index": 0}]}'
+            if done:
+                yield "data: [DONE]"
+
+        return [o async for o in _sse_objects(gen(), "the server")]
+
+    assert len(asyncio.run(lines(True))) == 1
+    with pytest.raises(BadReply, match="without \\[DONE\\]"):
+        asyncio.run(lines(False))
+
+
+def test_pairs_of_different_lengths_are_left_out_of_the_paired_speedup() -> None:
+    """A 4-token reply was paired with an 8-token one (exit 0): their time ratio is of two
+    different amounts of work."""
+    from specdec.bench.endpoint.report import summarise
+
+    def req(side: str, slot: int, n: int, e2e: float) -> dict[str, Any]:
+        return {
+            "type": "endpoint_request",
+            "mode": "greedy",
+            "concurrency": 1,
+            "repeat": 0,
+            "group": slot,
+            "side": side,
+            "slot": slot,
+            "e2e_s": e2e,
+            "n_tokens": n,
+        }
+
+    def grp(side: str, g: int) -> dict[str, Any]:
+        return {
+            "type": "endpoint_group",
+            "mode": "greedy",
+            "concurrency": 1,
+            "repeat": 0,
+            "group": g,
+            "side": side,
+            "wall_s": 1.0,
+            "n_tokens": 8,
+        }
+
+    records = [
+        req("on", 0, 8, 1.0), grp("on", 0), req("off", 0, 8, 2.0), grp("off", 0),
+        req("on", 1, 4, 0.5), grp("on", 1), req("off", 1, 8, 2.0), grp("off", 1),
+    ]  # fmt: skip
+    (level,) = summarise(records)
+    assert level.n_pairs == 1 and level.n_unequal == 1
+    assert level.e2e_speedup == pytest.approx(2.0)  # the equal pair only (was 2.83)
+
+
+# -- 9. the small cases ----------------------------------------------------------------------
+
+SERVE_MOCK = ["serve", "--target", "mock:target", "--target-backend", "mock", "--draft", "none"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        ([*SERVE_MOCK, "--shutdown-timeout", "nan"], "--shutdown-timeout must be a finite"),
+        ([*SERVE_MOCK, "--shutdown-timeout", "-5"], "--shutdown-timeout must be a finite"),
+        ([*SERVE_MOCK, "--shutdown-timeout", "inf"], "--shutdown-timeout must be a finite"),
+        ([*SERVE_MOCK, "--header-timeout", "0"], "the header timeout must be"),
+        ([*SERVE_MOCK, "--max-connections", "0"], "max connections must be"),
+        (["bench", "--endpoint", "http://127.0.0.1:99999", "--dry-run"], "the port must be"),
+        (["bench", "--endpoint", "http://[::1", "--dry-run"], "is not a valid URL"),
+        (["bench", "--endpoint", "http://ho\x07st:80", "--dry-run"], "is not a URL"),
+        (
+            ["bench", "--endpoint", "http://127.0.0.1:9", "--max-rps", "1e-9", "--dry-run"],
+            "the request rate must be finite and at least 0.01",
+        ),
+    ],
+)
+def test_small_cases_are_one_clear_line(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specdec.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("specdec: error")]
+    assert "Traceback" not in err and len(lines) == 1 and words in lines[0], err
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"prompt": b"hi"}, "the prompt is bytes"),
+        ({"prompt": "hi", "prediction": b"hi"}, "the prediction is bytes"),
+        ({"prompt": "hi", "max_new_tokens": float("nan")}, "max_new_tokens must be an integer"),
+        ({"prompt": "hi", "max_new_tokens": 4.0}, "max_new_tokens must be an integer"),
+        ({"prompt": "hi", "top_k": 2.5}, "top_k must be an integer"),
+        ({"prompt": "hi", "seed": 2**64}, "seed must be in 0..2^63-1"),
+        ({"prompt": [1.5, 2]}, "integer token ids"),
+        ({"prompt": "hi", "temperature": "0.5"}, "temperature must be a number"),
+    ],
+)
+def test_python_api_type_holes_are_config_errors(kw: dict[str, Any], words: str) -> None:
+    """A bytes prompt or prediction was used as token ids, max_new_tokens=nan gave an empty
+    text with finish "length", float lengths, top_k=2.5 and seed=2**64 failed deep inside."""
+    from specdec.errors import ConfigError
+
+    pair = mock_serve_pair()
+    with pytest.raises(ConfigError, match=words.replace("^", "\\^").replace(".", "\\.")):
+        pair.generate(raw=True, **kw)
+
+
+def test_a_bad_kernel_fault_is_a_config_error() -> None:
+    from specdec.errors import ConfigError
+    from specdec.models.kernel_probe import parse_fault
+
+    with pytest.raises(ConfigError, match="SPECDEC_TEST_KERNEL_FAULT"):
+        parse_fault("bogus")
+    assert parse_fault("segv:CPU_REPACK") == ("segv", "CPU_REPACK")
+
+
+def test_a_garbage_llama_library_is_one_line(tmp_path: Path) -> None:
+    """LLAMA_CPP_LIB_PATH at a garbage library was a traceback (generate, doctor)."""
+    import os
+
+    pytest.importorskip("llama_cpp")
+    (tmp_path / "libllama.so").write_bytes(b"\x7fELF not really" * 100)
+    env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(tmp_path)}
+    code = (
+        "from specdec.models.llamacpp import _import_llama\n"
+        "from specdec.errors import ModelLoadError\n"
+        "try:\n    _import_llama()\nexcept ModelLoadError as e:\n    print(e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "LLAMA_CPP_LIB_PATH" in done.stdout, done.stderr
+    doctor = subprocess.run(
+        [sys.executable, "-m", "specdec", "doctor"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert doctor.returncode == 0 and "Traceback" not in doctor.stderr, doctor.stderr
+    assert "its library would not load" in doctor.stdout
