@@ -6,15 +6,21 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SPECDEC := $(VENV)/bin/specdec
 
-.PHONY: install demo test test-slow test-all lint models-test lowest-transformers exact-build test-exact
+.PHONY: install demo test test-slow test-all lint models-test lowest-transformers stock-build exact-build test-exact
 
 # llama-cpp-python is built from source for this machine by src/specdec/build_flags.py (it
-# prints what it passes and why): the native build (-march=native), except on CPUs with AMX
-# when the compiler is GCC < 13, whose AMX kernels crash at the first decode; there it names
-# the CPU's instruction sets one by one and leaves AMX out (CPU_REPACK kept). The wheel is
-# built with pip's cache off into .whl/llama-<key> (key: version, flags, compiler), so a
+# prints what it passes and why), with patches/ggml-cpu-repack-row-invariant.patch applied: the
+# row-invariant mode that exact numerics switch on (with it off the library runs the stock
+# code). The native build (-march=native), except on CPUs with AMX when the compiler is
+# GCC < 13 (or cannot be asked), whose AMX kernels crash at the first decode: there it names
+# the CPU's instruction sets one by one and leaves AMX out (CPU_REPACK kept). Your own
+# CMAKE_ARGS are passed on after those (they win). The wheel is built with pip's cache off into
+# .whl/llama-exact-<key> (key: version, flags, your CMAKE_ARGS, compiler, the patch), so a
 # changed flag set is never answered with a cached old build; LLAMA_KEY changes with them.
-LLAMA_KEY := $(shell $(PYTHON) src/specdec/build_flags.py --key)
+# LLAMA_BUILD=stock (`make stock-build`) builds and installs the unpatched library instead.
+LLAMA_BUILD ?= patched
+LLAMA_FLAGS := $(if $(filter stock,$(LLAMA_BUILD)),--stock,)
+LLAMA_KEY := $(shell $(PYTHON) src/specdec/build_flags.py --key $(LLAMA_FLAGS))
 
 # torch is pinned to the CPU build that lies on this kind of machine's disk; the package itself
 # only asks for a range, so GPU users keep their CUDA torch.
@@ -22,13 +28,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
-	$(PYTHON) src/specdec/build_flags.py --install $(PY)
+	$(PYTHON) src/specdec/build_flags.py --install $(PY) $(LLAMA_FLAGS)
 	$(PY) -m pip install -e '.[llamacpp,dev,serve]'
 	touch $@
 
-# the flag set changed (another machine, another compiler): rebuild llama-cpp-python only
-$(VENV)/.llama-$(LLAMA_KEY): src/specdec/build_flags.py | $(VENV)/.installed
-	$(PYTHON) src/specdec/build_flags.py --install $(PY)
+# the flag set, the patch or the build asked for changed: rebuild llama-cpp-python only
+$(VENV)/.llama-$(LLAMA_KEY): src/specdec/build_flags.py patches/ggml-cpu-repack-row-invariant.patch | $(VENV)/.installed
+	$(PYTHON) src/specdec/build_flags.py --install $(PY) $(LLAMA_FLAGS)
 	rm -f $(VENV)/.llama-*
 	touch $@
 
@@ -49,18 +55,16 @@ test-slow: install models-test
 
 test-all: test test-slow
 
-# Opt-in: llama-cpp-python with patches/ggml-cpu-repack-row-invariant.patch applied (its source
-# archive from PyPI, SHA-256 checked): repacked kernels that compute each row of an n-row
-# product as the one-row product does when GGML_CPU_REPACK_ROW_INVARIANT=1 (exact numerics set
-# it), so --exact keeps them. Without that variable it computes what the stock build does.
-# `make install` (and so `make test`) puts the stock build back; `make test-exact` runs the
-# patch's own bitwise tests on it.
-exact-build: install
-	$(PYTHON) src/specdec/build_flags.py --install-exact $(PY)
-	rm -f $(VENV)/.llama-*
+# The unpatched llama-cpp-python (llama.cpp as released): exact numerics then cost about 20 %
+# here and stay a mode (--exact). `make install` puts the patched build back.
+stock-build:
+	$(MAKE) install LLAMA_BUILD=stock
 
-test-exact: exact-build
-	$(SPECDEC) models fetch smollm2-135m-instruct-q4_1
+# the patched build is what `make install` makes (kept as a name for older instructions)
+exact-build: install
+
+# the patch's own bitwise tests (and its fixtures) on the installed patched build
+test-exact: install models-test
 	$(PY) -m pytest tests/test_exact_build.py
 
 lint: install

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.core.drafter import Draft, Drafter
+from specdec.core.processors import RowProcessor
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
@@ -176,9 +177,11 @@ class PlannedSuffixDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
+        *,
+        processor: RowProcessor | None = None,
     ) -> Draft:
         self._settle(context)
-        draft = self.inner.propose(context, k, sampling, generator)
+        draft = self.inner.propose(context, k, sampling, generator, processor=processor)
         if not draft.tokens:
             return draft
         match_len = self.inner.last_match_len
@@ -342,6 +345,8 @@ class PredictionDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
+        *,
+        processor: RowProcessor | None = None,
     ) -> Draft:
         self._walk(context)
         if self.pos is None:
@@ -359,5 +364,5 @@ class PredictionDrafter:
                 return Draft(tokens, None, source=SOURCE)
             return Draft([], None)  # drafting here would not pay: a plain step
         if self.fallback is not None:
-            return self.fallback.propose(context, k, sampling, generator)
+            return self.fallback.propose(context, k, sampling, generator, processor=processor)
         return Draft([], None)

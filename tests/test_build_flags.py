@@ -131,7 +131,100 @@ def test_a_failing_build_step_is_one_line_and_a_nonzero_exit(
         raise PermissionError(13, "Permission denied", str(tmp_path / "wheels"))
 
     monkeypatch.setattr(bf, "install", unwritable)
-    assert bf.main(["--install", sys.executable, "--wheels", str(tmp_path)]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("build_flags: ") and "Permission denied" in err
-    assert len(err.splitlines()) == 1
+    monkeypatch.setattr(bf, "install_exact", unwritable)
+    for stock in ([], ["--stock"]):
+        assert bf.main(["--install", sys.executable, "--wheels", str(tmp_path), *stock]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("build_flags: ") and "Permission denied" in err
+        assert len(err.splitlines()) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# the build plan as a user's machine gives it (issue 62, item 7)
+# --------------------------------------------------------------------------------------------
+
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def test_a_compiler_command_line_is_run_as_one(tmp_path: Path) -> None:
+    """``CC="ccache gcc"``: the wrapper and the compiler, not a program named with a space."""
+    from specdec.build_flags import compiler_version
+
+    gcc = _script(tmp_path / "gcc", 'echo "gcc (Debian 12.2.0-14) 12.2.0"\n')
+    wrapper = _script(tmp_path / "ccache", 'exec "$@"\n')
+    banner, major = compiler_version(f"{wrapper} {gcc}")
+    assert major == 12 and banner.startswith("gcc (Debian")
+
+
+def test_a_banner_that_is_not_utf8_is_read_not_a_traceback(tmp_path: Path) -> None:
+    from specdec.build_flags import compiler_version
+
+    gcc = _script(tmp_path / "gcc", "printf 'gcc (\\377\\376 build) 11.4.0\\n'\n")
+    banner, major = compiler_version(str(gcc))
+    assert major == 11 and "\ufffd" in banner
+
+
+def test_a_compiler_that_cannot_be_run_counts_as_unsafe_for_amx(tmp_path: Path) -> None:
+    """On AMX the crashing combination cannot be ruled out: AMX left out, as for GCC < 13."""
+    from specdec.build_flags import NOT_RUNNABLE, compiler_version
+
+    banner, major = compiler_version(str(tmp_path / "no-such-cc"))
+    assert banner.endswith(NOT_RUNNABLE) and major is None
+    failing = _script(tmp_path / "cc", "exit 3\n")
+    assert compiler_version(str(failing))[0].endswith(NOT_RUNNABLE)
+    plan = plan_build(SAPPHIRE_RAPIDS, banner, major)
+    assert all(f"-D{opt}=OFF" in plan.cmake_args for opt in AMX_OPTIONS)
+    assert "could not be asked" in plan.reason
+    # the fixture: clang (no GCC version) that runs keeps the native build
+    assert plan_build(SAPPHIRE_RAPIDS, "clang version 17", None).cmake_args == ()
+    assert plan_build(EPYC, banner, major).cmake_args == ()  # no AMX: nothing to fear
+
+
+def test_the_users_cmake_args_are_kept_last_and_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import specdec.build_flags as bf
+
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES='80;90'")
+    plan = bf.this_machine()
+    assert plan.user_args == ("-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=80;90")
+    assert plan.all_args.endswith("-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=80;90")
+    assert "yours last" in bf.explain(plan)
+    monkeypatch.setenv("CMAKE_ARGS", "")
+    plain = bf.this_machine()
+    assert plain.user_args == () and plain.key() != plan.key()
+    assert bf.exact_key(plain, b"p") != bf.exact_key(plan, b"p")
+
+
+def test_only_a_wheel_this_script_built_is_installed(tmp_path: Path) -> None:
+    import hashlib
+    import json
+
+    import specdec.build_flags as bf
+
+    name = "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+    planted = tmp_path / name
+    planted.write_bytes(b"planted")
+    assert bf.built_wheel(tmp_path) is None and not planted.exists()  # no record: removed
+    good = tmp_path / name
+    good.write_bytes(b"built here")
+    digest = hashlib.sha256(b"built here").hexdigest()
+    (tmp_path / bf.WHEEL_RECORD).write_text(json.dumps({"wheel": name, "sha256": digest}))
+    assert bf.built_wheel(tmp_path) == good
+    good.write_bytes(b"swapped after the build")  # same name, other bytes
+    assert bf.built_wheel(tmp_path) is None and not good.exists()
+
+
+def test_install_builds_the_patched_library_by_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import specdec.build_flags as bf
+
+    called: list[str] = []
+    monkeypatch.setattr(bf, "install", lambda *a, **k: called.append("stock"))
+    monkeypatch.setattr(bf, "install_exact", lambda *a, **k: called.append("patched"))
+    assert bf.main(["--install", sys.executable, "--wheels", str(tmp_path)]) == 0
+    assert bf.main(["--install", sys.executable, "--stock", "--wheels", str(tmp_path)]) == 0
+    assert called == ["patched", "stock"]

@@ -516,3 +516,169 @@ def test_make_install_record_fuzz(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert got is None or isinstance(got, dict)
     print(f"make install records: {outcomes.counts}")
     assert set(outcomes.counts) <= {"entry", "nothing"}
+
+
+# -- exact numerics by default: the cached decision (profiler.exact_default) ---------------------
+
+
+def _price_dict() -> dict[str, Any]:
+    from specdec.profiler.exact_price import ExactPrice
+
+    return ExactPrice(0.04, 0.0404, 100.0, 99.0, 2, 0.2, 0.201).to_dict()
+
+
+def _exact_default_entry() -> dict[str, Any]:
+    from specdec.profiler.exact_default import decide
+    from specdec.profiler.exact_price import ExactPrice
+
+    return decide(ExactPrice.from_dict(_price_dict())).to_dict()
+
+
+IDENT = ("a" * 64, 6)
+
+
+class _Measure:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, path: str, n_threads: int | None) -> Any:
+        from specdec.profiler.exact_price import ExactPrice
+
+        self.calls += 1
+        return ExactPrice.from_dict(_price_dict())
+
+
+def test_exact_default_entries_take_any_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cached decision whose price held a string or a zero divided far from where it was
+    read (a TypeError or ZeroDivisionError out of `specdec generate`); its reason was printed
+    raw. Each case is read (cached: nothing measured) or decided again with one line."""
+    from specdec.profiler import cache
+    from specdec.profiler.exact_default import default_key, exact_default
+
+    monkeypatch.setenv("SPECDEC_PROFILES", str(tmp_path))
+    key = default_key("m.gguf", 2, *IDENT)
+    path = cache.profile_dir() / f"{key}.json"
+    valid = {**_exact_default_entry(), "key": key}
+    outcomes = Outcomes()
+    rng = random.Random(SEED)
+    cases: list[Any] = [valid, *mutations(valid, rng, CASES)]
+    for value in cases + PLANTED:
+        if isinstance(value, str) and value in PLANTED:
+            plant(path, value)
+        else:
+            write_value(path, value)
+        measure, lines = _Measure(), []
+
+        def read(m: _Measure = measure, out: list[str] = lines) -> Any:
+            d = exact_default("m.gguf", "/x", 2, log=out.append, measure=m, identity=IDENT)
+            return d if m.calls == 0 else None  # measured again: the entry was not used
+
+        got = outcomes.run(read)
+        assert all(ln.isprintable() for ln in lines), lines
+        if got is None:
+            assert sum("damaged" in ln for ln in lines) == 1, lines
+        elif got.price is not None:
+            got.price.sentence()  # usable by the lines that print it
+    print(f"exact-default entries: {outcomes.counts}")
+    assert set(outcomes.counts) <= {"entry", "nothing"}
+    assert outcomes.counts.get("entry", 0) >= 1 and outcomes.counts.get("nothing", 0) >= 1
+
+
+def test_a_price_of_another_shape_is_a_value_error() -> None:
+    from specdec.profiler.exact_price import ExactPrice
+
+    bad_fields: list[tuple[str, Any]] = [
+        ("step_s", "1"),
+        ("exact_step_s", 0),
+        ("prefill_tps", math.nan),
+        ("exact_prefill_tps", True),
+        ("rounds", 1.5),
+        ("verify_s", -1.0),
+    ]
+    for field, bad in bad_fields:
+        with pytest.raises(ValueError, match=field):
+            ExactPrice.from_dict({**_price_dict(), field: bad})
+    with pytest.raises(ValueError):
+        ExactPrice.from_dict([1, 2])
+    assert ExactPrice.from_dict({**_price_dict(), "verify_s": None}).verify_s is None
+
+
+def test_an_unwritable_cache_or_a_busy_machine_leaves_the_exact_decision_uncached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unwritable cache made the first load of every llama.cpp target fail after its
+    half-minute measurement; a price measured beside another job was cached for good."""
+    from specdec.profiler import cache
+    from specdec.profiler.exact_default import default_key, exact_default
+    from specdec.util import cpuload
+
+    monkeypatch.setenv("SPECDEC_PROFILES", str(tmp_path))
+    path = cache.profile_dir() / f"{default_key('m.gguf', 2, *IDENT)}.json"
+    path.mkdir(parents=True)  # a directory where the entry goes
+    lines: list[str] = []
+    d = exact_default("m.gguf", "/x", 2, log=lines.append, measure=_Measure(), identity=IDENT)
+    assert d.exact and any("could not cache" in ln for ln in lines), lines
+    assert not list(tmp_path.rglob("*.tmp"))
+    path.rmdir()
+    monkeypatch.setenv("SPECDEC_BUSY_SHARE", "0.25")
+    busy = iter([cpuload.CpuSample(0, 0, 0, 0), cpuload.CpuSample(10, 16, 20, 8)])  # 40 %
+    monkeypatch.setattr(cpuload, "sample", lambda: next(busy))
+    lines.clear()
+    exact_default("m.gguf", "/x", 2, log=lines.append, measure=_Measure(), identity=IDENT)
+    assert not path.exists() and any("40% of the CPUs" in ln for ln in lines), lines
+
+
+def test_a_measurements_own_worker_processes_are_not_other_load() -> None:
+    """Exact numerics are priced in worker processes (profile, exact default): their CPU time
+    was counted as other processes' load, so such a measurement was never cached."""
+    import subprocess
+
+    from specdec.util import cpuload
+
+    before = cpuload.sample()
+    if before is None:
+        pytest.skip("no /proc/stat here")
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+    subprocess.run([sys.executable, "-c", spin], check=True, timeout=120)
+    after = cpuload.sample()
+    assert after is not None and after.own_s - before.own_s >= 0.5  # the worker's time counted
+
+
+def test_a_profile_with_a_damaged_exact_price_or_build_is_profiled_again(
+    profile_entry: dict[str, Any],
+) -> None:
+    """A profile's exact-numerics price and build summary are read by `specdec profile`'s and
+    `demo`'s lines: any value there is read or refused, and the lines never fail."""
+    from specdec.models.kernel_check import build_line
+    from specdec.profiler.exact_price import ExactPrice
+    from specdec.profiler.run import ProfileResult
+
+    valid = json.loads(json.dumps(profile_entry))
+    valid["exact"] = _price_dict()
+    valid["build"] = {
+        "llama_cpp_python": "0.3",
+        "make_install": {"reason": "native"},
+        "exact_build": True,
+        "kernels": {"listed": ["CPU_REPACK"], "disabled": []},
+    }
+    outcomes = Outcomes()
+    rng = random.Random(SEED)
+    for part in ("exact", "build"):
+        for value in mutations(valid[part], rng, CASES // 3):
+
+            def read(v: Any = value, p: str = part) -> Any:
+                try:
+                    result = ProfileResult.from_dict({**valid, p: v})
+                except ValueError:
+                    return None
+                if result.exact:
+                    ExactPrice.from_dict(result.exact).sentence()
+                if result.build:
+                    assert_printable(build_line(result.build))
+                return result
+
+            outcomes.run(read)
+    print(f"profiles' exact and build: {outcomes.counts}")
+    assert set(outcomes.counts) <= {"entry", "nothing"}

@@ -1,5 +1,5 @@
 """The exact build: llama-cpp-python with ``patches/ggml-cpu-repack-row-invariant.patch`` (``make
-exact-build``; ``make test-exact`` runs this file on it).
+install``, the default; ``make test-exact`` runs this file on it).
 
 The patch gives ggml's repacked CPU kernels and its tiled K-quant path a row-invariant mode
 (``GGML_CPU_REPACK_ROW_INVARIANT=1``): a row of an n-row product gets the bits a one-row
@@ -128,6 +128,7 @@ def test_exact_numerics_keep_the_tiled_path_only_where_the_build_makes_it_row_in
         (4, "1", "default"),
         (4, "0", "flash"),  # the mode turned off by the user: back to flash attention
         (5, None, "default"),  # version 5 keeps it
+        (6, None, "default"),
     ],
 )
 def test_exact_numerics_run_the_default_attention_only_where_the_build_makes_it_row_invariant(
@@ -146,7 +147,10 @@ def test_exact_numerics_run_the_default_attention_only_where_the_build_makes_it_
         monkeypatch.setenv(ROW_INVARIANT_ENV, preset)
     monkeypatch.setattr(bufts, "ggml", lambda _llama_cpp: _FakeGgml(version > 0, version))
     want = DEFAULT_ATTENTION if attention == "default" else FLASH_Q8_0_KEYS
-    assert exact_attention(object()) == want
+    assert exact_attention(object(), machine="x86_64") == want
+    # ARM: the patch's one-column product is x86 only, so flash attention whatever the build
+    assert exact_attention(object(), machine="aarch64") == FLASH_Q8_0_KEYS
+    assert exact_attention(object(), machine="arm64") == FLASH_Q8_0_KEYS
 
 
 def test_the_build_version_is_read_from_the_exported_symbol() -> None:
@@ -180,7 +184,7 @@ def test_doctor_and_the_profile_name_the_build() -> None:
     assert "default attention" not in exact_build_text(True, 3)
     v4 = exact_build_text(True, 4)
     assert "patch version 4" in v4 and "the tiled path and llama.cpp's default attention" in v4
-    assert exact_build_text(False).startswith("stock build") and "make exact-build" in (
+    assert exact_build_text(False).startswith("stock build") and "make install" in (
         exact_build_text(False)
     )
     assert "unknown" in exact_build_text("unreadable")
@@ -201,11 +205,25 @@ def test_the_patch_touches_ggml_cpu_matrix_kernels_only() -> None:
     assert files and all(f.startswith("b/ggml/src/ggml-cpu/") for f in files), files
     assert {"b/ggml/src/ggml-cpu/repack.cpp", "b/ggml/src/ggml-cpu/tiled/tiled.cpp"} <= set(files)
     added = [x for x in text.splitlines() if x.startswith("+") and not x.startswith("+++")]
-    assert 0 < len(added) <= 560  # v3: 4 x86 gemm variants, each sum wrapped once; v4: +~110
+    # v6: the mode's Q4_K gemm and mul_mat chunk function are copies beside the stock ones
+    assert 0 < len(added) <= 2300
     assert "TILED_ROW_INVARIANT_Q6_K_FUSED" in text  # v5: the Q6_K vec_dot's FMA said explicitly
     assert "GGML_CPU_REPACK_ROW_INVARIANT" in text
     assert "ggml_cpu_repack_row_invariant_supported" in text  # what the product looks for
-    assert "return 5;" in text  # version 5 (>= 2 keeps the tiled path, >= 4 the attention)
+    assert "return 6;" in text  # version 6 (>= 2 keeps the tiled path, >= 4 the attention)
+    # v6: the default path is the stock code: no line of the x86 kernels is removed or
+    # changed, and of ggml-cpu.c's matrix product only the call of its chunk function (now
+    # a dispatch to it or to the mode's copy); the mode's versions are added beside them
+    removed: dict[str, int] = {}
+    current = ""
+    for line in text.splitlines():
+        if line.startswith("+++ "):
+            current = line.split()[-1]
+        elif line.startswith("-") and not line.startswith("---"):
+            removed[current] = removed.get(current, 0) + 1
+    assert "b/ggml/src/ggml-cpu/arch/x86/repack.cpp" not in removed, removed
+    assert removed.get("b/ggml/src/ggml-cpu/ggml-cpu.c", 0) <= 1, removed
+    assert sum(removed.values()) <= 6, removed  # the dispatches in repack.cpp and tiled.cpp
     assert "ggml_gemm_q4_K_8x8_q8_K_per_block" in text  # the gemm in the one-row gemv's order
     assert "llamafile_sgemm_one_column" in text  # a lone column in llamafile_sgemm's order
 
@@ -229,11 +247,11 @@ def test_a_source_archive_with_another_sha256_is_refused_and_removed(tmp_path: P
 
 def test_the_patch_applies_to_the_vendored_files_it_was_made_from(tmp_path: Path) -> None:
     """Applied to a tree holding the archive's copies of the files it names (where the archive
-    is cached: the first make exact-build downloads it), the patch goes in cleanly and changes
+    is cached: the first make install downloads it), the patch goes in cleanly and changes
     only those; a second application is refused (--forward)."""
     archive = ROOT / ".whl" / "sdist" / bf.SDIST
     if not archive.is_file() or hashlib.sha256(archive.read_bytes()).hexdigest() != bf.SDIST_SHA256:
-        pytest.skip(f"the source archive is not cached in {archive.parent} (make exact-build)")
+        pytest.skip(f"the source archive is not cached in {archive.parent} (make install)")
     files = [
         line.split()[-1].removeprefix("b/")
         for line in bf.PATCH.read_text().splitlines()
@@ -272,7 +290,7 @@ def smol_q4_k() -> Path:
 
     g = ggml(llama_cpp)
     if not g.row_invariant_repack():
-        pytest.skip("llama-cpp-python is the stock build here (`make exact-build`: the exact one)")
+        pytest.skip("llama-cpp-python is the stock build here (`make install` builds it)")
     if "CPU_REPACK" not in g.extra_types():
         pytest.skip("this llama.cpp build has no CPU_REPACK buffer type")
     from specdec.models.requantize import requantize

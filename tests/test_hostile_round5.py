@@ -693,6 +693,7 @@ def test_small_cases_are_one_clear_line(
         ({"prompt": "hi", "seed": 2**64}, "seed must be in 0..2^63-1"),
         ({"prompt": [1.5, 2]}, "integer token ids"),
         ({"prompt": "hi", "temperature": "0.5"}, "temperature must be a number"),
+        ({"prompt": "hi", "presence_penalty": "1"}, "presence_penalty must be a number"),
     ],
 )
 def test_python_api_type_holes_are_config_errors(kw: dict[str, Any], words: str) -> None:

@@ -25,6 +25,7 @@ from specdec.core.drafter import Drafter
 from specdec.core.loop import as_drafter, generate_stream
 from specdec.core.model import CausalLM
 from specdec.core.policy import FixedK, KPolicy, capped_adaptive_k
+from specdec.core.processors import LogitBias, Penalties, RowProcessor, chain
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
 from specdec.errors import ConfigError, PairBusyError
@@ -193,6 +194,22 @@ class Pair:
         planned = isinstance(self.draft, PlannedSuffixDrafter) or prediction
         return PLANNED_K if planned else DEFAULT_K
 
+    def row_processor(
+        self, request: GenerationRequest, prompt_ids: Sequence[int]
+    ) -> RowProcessor | None:
+        """What the request changes in the logits before sampling (``core.processors``),
+        for the target's rows and the draft's alike; None when it changes nothing."""
+        vocab = self.target.vocab_size
+        bias = LogitBias(dict(request.logit_bias), vocab) if request.logit_bias else None
+        penalties = Penalties(
+            len(prompt_ids),
+            vocab,
+            presence=request.presence_penalty,
+            frequency=request.frequency_penalty,
+            repetition=request.repetition_penalty,
+        )
+        return chain([bias, penalties if penalties.active else None])
+
     stream = _streaming(make_request)
 
     def stream_request(self, request: GenerationRequest) -> TextStream:
@@ -231,6 +248,7 @@ class Pair:
             sampling=request.sampling,
             seed=request.seed,
             stop_on_eos=request.stop_on_eos,
+            processor=self.row_processor(request, ids),
         )
         hidden = self.target.eos_token_ids if request.stop_on_eos else frozenset()
         decoder = IncrementalDecoder(self.target.tokenizer)

@@ -17,18 +17,27 @@ cached native build would be handed back for a changed flag set. The wheel is th
 with pip's cache off into ``.whl/llama-<key>/``, where the key covers the package version, the
 flags and the compiler, and installed from there; a later install with the same key reuses it.
 
-The **exact build** (``make exact-build``, opt-in) is the same build with one patch applied to
-the llama.cpp that llama-cpp-python vendors: ``patches/ggml-cpu-repack-row-invariant.patch``
-gives ggml's repacked CPU kernels a row-invariant mode (``GGML_CPU_REPACK_ROW_INVARIANT=1``,
-off unless set; specdec's exact numerics set it), in which an n-row product computes every
-row as the one-row product does. The source archive comes from the package index and is
-checked against its pinned SHA-256 before it is unpacked; the wheel goes to
-``.whl/llama-exact-<key>/`` (the key also covers the patch). ``make install`` puts the stock
-build back.
+The build is **patched** by default: ``patches/ggml-cpu-repack-row-invariant.patch`` is
+applied to the llama.cpp that llama-cpp-python vendors. It gives ggml's repacked CPU kernels a
+row-invariant mode (``GGML_CPU_REPACK_ROW_INVARIANT=1``, off unless set; specdec's exact
+numerics set it), in which an n-row product computes every row as the one-row product does, so
+that speculative output can be plain decoding's token for token at llama.cpp's speed. With the
+mode off the patched library runs the stock code (from patch version 6 the mode's kernels are
+copies beside the stock ones). The source archive comes from the package index and is checked
+against its pinned SHA-256 before it is unpacked; the wheel goes to ``.whl/llama-exact-<key>/``
+(the key also covers the patch). ``--stock`` (``make stock-build``) builds and installs the
+unpatched library instead, into ``.whl/llama-<key>/``.
+
+A user's own ``CMAKE_ARGS`` (``-DGGML_CUDA=on``, say) are passed on after the plan's, so they
+win where both set an option, and they are part of the key. The C compiler is ``$CC`` (a
+command line such as ``ccache gcc`` is run as one), else ``cc``/``gcc``; where it cannot be run
+on a CPU with AMX, AMX is left out as for GCC < 13 (the safe side). A wheel is installed only
+if it is the file this script built there (its SHA-256 is recorded beside it at build time); a
+wheel found without that record, or with another digest, is built again.
 
     python src/specdec/build_flags.py --explain          # what would be built, and why
     python src/specdec/build_flags.py --install VENV_PY  # build (or reuse) and install it
-    python src/specdec/build_flags.py --install-exact VENV_PY  # the patched build
+    python src/specdec/build_flags.py --install VENV_PY --stock  # the unpatched library
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -74,16 +84,26 @@ RECORD = "llama-build.json"  # written into the virtual environment after an ins
 
 @dataclass(frozen=True)
 class BuildPlan:
-    """The CMAKE_ARGS for llama-cpp-python's build (empty: the native build) and why."""
+    """The CMAKE_ARGS for llama-cpp-python's build (empty: the native build) and why;
+    ``user_args``: the user's own ``CMAKE_ARGS``, passed after the plan's (they win)."""
 
     cmake_args: tuple[str, ...]
     reason: str
     compiler: str
     amx: bool  # the CPU advertises AMX
+    user_args: tuple[str, ...] = ()
 
     def key(self, package: str = PACKAGE) -> str:
-        blob = json.dumps([package, list(self.cmake_args), self.compiler], sort_keys=True)
+        parts: list[object] = [package, list(self.cmake_args), self.compiler]
+        if self.user_args:  # absent otherwise, so the keys of earlier builds still hold
+            parts.append(list(self.user_args))
+        blob = json.dumps(parts, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def all_args(self) -> str:
+        """The CMAKE_ARGS the build runs with: the plan's, then the user's."""
+        return " ".join((*self.cmake_args, *self.user_args))
 
 
 def read_cpu_flags(cpuinfo: str) -> frozenset[str]:
@@ -93,16 +113,29 @@ def read_cpu_flags(cpuinfo: str) -> frozenset[str]:
     return frozenset()
 
 
+NOT_RUNNABLE = "(not runnable)"
+
+
 def compiler_version(cc: str | None = None) -> tuple[str, int | None]:
-    """(what the build's C compiler says it is, GCC's major version or None for another)."""
-    cc = cc or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    """(what the build's C compiler says it is, GCC's major version or None for another).
+    ``cc`` (default ``$CC``) is a command line: ``ccache gcc`` runs ``ccache gcc --version``.
+    A compiler that cannot be run says so in the first item (``NOT_RUNNABLE``)."""
+    cc = cc or os.environ.get("CC", "").strip() or shutil.which("cc") or shutil.which("gcc")
+    cc = cc or "cc"
     try:
-        out = subprocess.run(
-            [cc, "--version"], capture_output=True, text=True, timeout=30, check=False
-        ).stdout
+        argv = shlex.split(cc)
+    except ValueError:
+        argv = []
+    if not argv:
+        return f"{cc} {NOT_RUNNABLE}", None
+    try:
+        proc = subprocess.run([*argv, "--version"], capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
-        return f"{cc} (not runnable)", None
-    first = out.splitlines()[0].strip() if out.strip() else cc
+        return f"{cc} {NOT_RUNNABLE}", None
+    out = proc.stdout.decode("utf-8", errors="replace")
+    if proc.returncode != 0 or not out.strip():
+        return f"{cc} {NOT_RUNNABLE}", None
+    first = out.splitlines()[0].strip()
     if "clang" in out.lower():
         return first, None
     m = re.search(r"\b(\d+)\.\d+(\.\d+)?\b", first)
@@ -114,19 +147,33 @@ def plan_build(flags: frozenset[str], compiler: str, gcc_major: int | None) -> B
     amx = any(f.startswith("amx") for f in flags)
     if not amx:
         return BuildPlan((), "native build: this CPU has no AMX", compiler, amx)
-    if gcc_major is None or gcc_major >= FIRST_GOOD_GCC:
+    unknown = compiler.endswith(NOT_RUNNABLE)
+    if not unknown and (gcc_major is None or gcc_major >= FIRST_GOOD_GCC):
         return BuildPlan(
             (), "native build: AMX with a compiler not known to break it", compiler, amx
         )
     args = ["-DGGML_NATIVE=OFF"]
     args += [f"-D{opt}={'ON' if set(need) <= flags else 'OFF'}" for need, opt in ISA_OPTIONS]
     args += [f"-D{opt}=OFF" for opt in AMX_OPTIONS]
+    which = (
+        "the compiler could not be asked its version (it may be a GCC < 13)"
+        if unknown
+        else f"the compiler is GCC {gcc_major} (< {FIRST_GOOD_GCC})"
+    )
     reason = (
-        f"this CPU has AMX and the compiler is GCC {gcc_major} (< {FIRST_GOOD_GCC}), whose AMX "
-        "kernels crash at the first decode: the CPU's instruction sets named one by one, AMX "
-        "left out, repacked kernels kept"
+        f"this CPU has AMX and {which}, whose AMX kernels crash at the first decode: the "
+        "CPU's instruction sets named one by one, AMX left out, repacked kernels kept"
     )
     return BuildPlan(tuple(args), reason, compiler, amx)
+
+
+def user_cmake_args(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The user's own ``CMAKE_ARGS`` (shell words), passed on after the plan's."""
+    text = (os.environ if environ is None else environ).get("CMAKE_ARGS", "")
+    try:
+        return tuple(shlex.split(text))
+    except ValueError:
+        return tuple(text.split())
 
 
 def this_machine() -> BuildPlan:
@@ -135,13 +182,17 @@ def this_machine() -> BuildPlan:
     except OSError:
         cpuinfo = ""
     compiler, major = compiler_version()
-    return plan_build(read_cpu_flags(cpuinfo), compiler, major)
+    plan = plan_build(read_cpu_flags(cpuinfo), compiler, major)
+    user = user_cmake_args()
+    return BuildPlan(plan.cmake_args, plan.reason, plan.compiler, plan.amx, user)
 
 
 def explain(plan: BuildPlan) -> str:
-    args = " ".join(plan.cmake_args) or "(none: pip's default native build)"
+    args = plan.all_args or "(none: pip's default native build)"
+    mine = f" (yours last: {' '.join(plan.user_args)})" if plan.user_args else ""
     return (
-        f"llama-cpp-python build: {plan.reason}\n  CMAKE_ARGS={args}\n  compiler: {plan.compiler}"
+        f"llama-cpp-python build: {plan.reason}\n  CMAKE_ARGS={args}{mine}\n"
+        f"  compiler: {plan.compiler}"
     )
 
 
@@ -152,10 +203,46 @@ def _prefix(python: str) -> Path:
     return Path(out)
 
 
+WHEEL_RECORD = "built.json"  # beside a wheel this script built: its file name and SHA-256
+
+
+def built_wheel(where: Path) -> Path | None:
+    """The wheel this script built in ``where`` (its recorded SHA-256 matches), or None: a
+    wheel without the record, or with another digest, is not trusted (and is removed)."""
+    name = digest = None
+    try:
+        record = json.loads((where / WHEEL_RECORD).read_text(encoding="utf-8"))
+        name, digest = str(record["wheel"]), str(record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for wheel in sorted(where.glob("llama_cpp_python-*.whl")):
+        if wheel.name == name and wheel.is_file() and _sha256(wheel) == digest:
+            return wheel
+        print(f"llama-cpp-python: {wheel} is not a wheel this build made; removed", flush=True)
+        wheel.unlink()
+    return None
+
+
+def _build_wheel(python: str, source: str, plan: BuildPlan, where: Path) -> Path:
+    """``pip wheel`` of ``source`` (a requirement or a source tree) with pip's cache off into
+    ``where``, recorded by its SHA-256."""
+    where.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CMAKE_ARGS": plan.all_args}
+    _run([python, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps", "-w", str(where),
+          source], env)  # fmt: skip
+    wheels = sorted(where.glob("llama_cpp_python-*.whl"), key=lambda w: w.stat().st_mtime)
+    if not wheels:
+        raise OSError(f"pip wheel left no llama_cpp_python wheel in {where}")
+    wheel = wheels[-1]
+    record = {"wheel": wheel.name, "sha256": _sha256(wheel)}
+    (where / WHEEL_RECORD).write_text(json.dumps(record), encoding="utf-8")
+    return wheel
+
+
 def install(python: str, plan: BuildPlan, wheels: Path, package: str = PACKAGE) -> Path:
-    """Build (pip's cache off) or reuse the wheel for ``plan`` and install it into the
-    environment of ``python``, unless that environment already holds this build; record
-    what was installed beside it."""
+    """The stock (unpatched) build: build (pip's cache off) or reuse the wheel for ``plan``
+    and install it into the environment of ``python``, unless that environment already holds
+    this build; record what was installed beside it."""
     record = _prefix(python) / RECORD
     done = installed_record(str(record.parent))
     importable = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True).returncode
@@ -163,20 +250,17 @@ def install(python: str, plan: BuildPlan, wheels: Path, package: str = PACKAGE) 
         print(f"llama-cpp-python: this build is installed already ({record})", flush=True)
         return record
     where = wheels / f"llama-{plan.key(package)}"
-    if not any(where.glob("llama_cpp_python-*.whl")):
-        where.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "CMAKE_ARGS": " ".join(plan.cmake_args)}
-        _run([python, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps", "-w", str(where),
-              package], env)  # fmt: skip
-    _run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", "--no-index",
-          "--find-links", str(where), package], dict(os.environ))  # fmt: skip
+    wheel = built_wheel(where) or _build_wheel(python, package, plan, where)
+    _run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(wheel)],
+         dict(os.environ))  # fmt: skip
     _run([python, "-m", "pip", "install", package], dict(os.environ))  # its dependencies
     record.write_text(json.dumps({**asdict(plan), "package": package, "key": plan.key(package)}))
     return record
 
 
 def exact_key(plan: BuildPlan, patch: bytes, package: str = PACKAGE) -> str:
-    """The key of the patched build: the stock build's key and the patch's bytes."""
+    """The key of the patched build (the default): the stock build's key and the patch's
+    bytes."""
     blob = json.dumps([plan.key(package), hashlib.sha256(patch).hexdigest()])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -217,20 +301,18 @@ def build_exact_wheel(
     python: str, plan: BuildPlan, wheels: Path, patch: Path = PATCH, package: str = PACKAGE
 ) -> Path:
     """The patched wheel in ``wheels/llama-exact-<key>/``, built there (pip's cache off) from
-    the checked source archive unless it is there already."""
+    the checked source archive unless this script built it there already."""
     where = wheels / f"llama-exact-{exact_key(plan, patch.read_bytes(), package)}"
-    if not any(where.glob("llama_cpp_python-*.whl")):
-        archive = fetch_sdist(python, wheels / "sdist")
-        with tempfile.TemporaryDirectory(prefix="llama-exact-") as tmp:
-            with tarfile.open(archive) as tar:
-                tar.extractall(tmp, filter="data")
-            tree = next(Path(tmp).glob("llama_cpp_python-*"))
-            apply_patch(tree, patch)
-            where.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, "CMAKE_ARGS": " ".join(plan.cmake_args)}
-            _run([python, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps", "-w",
-                  str(where), str(tree)], env)  # fmt: skip
-    return sorted(where.glob("llama_cpp_python-*.whl"))[-1]
+    wheel = built_wheel(where)
+    if wheel is not None:
+        return wheel
+    archive = fetch_sdist(python, wheels / "sdist")
+    with tempfile.TemporaryDirectory(prefix="llama-exact-") as tmp:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        tree = next(Path(tmp).glob("llama_cpp_python-*"))
+        apply_patch(tree, patch)
+        return _build_wheel(python, str(tree), plan, where)
 
 
 def install_exact(
@@ -243,7 +325,7 @@ def install_exact(
     done = installed_record(str(record.parent))
     importable = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True).returncode
     if done is not None and done.get("key") == key and importable == 0:
-        print(f"llama-cpp-python: the exact build is installed already ({record})", flush=True)
+        print(f"llama-cpp-python: the patched build is installed already ({record})", flush=True)
         return record
     wheel = build_exact_wheel(python, plan, wheels, patch, package)
     _run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(wheel)],
@@ -274,21 +356,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="llama-cpp-python's build flags for this machine")
     ap.add_argument("--explain", action="store_true", help="say what would be built and why")
     ap.add_argument("--install", metavar="PYTHON", help="build or reuse, then install into it")
-    ap.add_argument("--install-exact", metavar="PYTHON", help="the patched build (exact)")
+    ap.add_argument(
+        "--stock", action="store_true", help="the unpatched library (default: the patched one)"
+    )
+    ap.add_argument("--install-exact", metavar="PYTHON", help=argparse.SUPPRESS)  # = --install
     ap.add_argument("--key", action="store_true", help="print only the build's key")
     ap.add_argument("--wheels", type=Path, default=Path(".whl"))
     args = ap.parse_args(argv)
     plan = this_machine()
     if args.key:
-        print(plan.key())
+        print(plan.key() if args.stock else exact_key(plan, PATCH.read_bytes()))
         return 0
     print(explain(plan), flush=True)
+    python = args.install or args.install_exact
     try:
-        if args.install:
-            install(args.install, plan, args.wheels)
-        if args.install_exact:
+        if python and args.stock:
+            print("  the stock library (no patch)", flush=True)
+            install(python, plan, args.wheels)
+        elif python:
             print(f"  patch: {PATCH.name} (GGML_CPU_REPACK_ROW_INVARIANT)", flush=True)
-            install_exact(args.install_exact, plan, args.wheels)
+            install_exact(python, plan, args.wheels)
     except subprocess.CalledProcessError as e:  # its own output is above; one line here
         print(f"build_flags: `{' '.join(map(str, e.cmd))}` failed (exit {e.returncode})",
               file=sys.stderr)  # fmt: skip

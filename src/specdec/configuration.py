@@ -133,11 +133,32 @@ def resolve(
     if choice is not None:
         target_backend = choice.target_backend
         draft = choice.draft_ref if choice.speculative else "none"
-    if exact is None:  # the profile's decision for this machine, else llama.cpp's numerics
-        exact = choice.exact if choice is not None else False
+    if exact is None:  # a full profile's decision for this machine, else decided once here
+        if choice is not None and choice.exact is not None:
+            exact = choice.exact
+        else:
+            exact = default_numerics(target, replace(options, target_backend=target_backend), log)
     from specdec.profiler.target_costs import cost_provider
 
     costs = cost_provider(draft, choice.costs if choice else None, exact=exact, log=log)
     decided = replace(options, target_backend=target_backend, exact=exact)
     draft_ref, target_cfg = model_refs(target, draft, decided)
     return Configuration(target_cfg, draft_ref, draft_window, choice, how, costs)
+
+
+def default_numerics(target: str, options: ModelOptions, log: Log = lambda _: None) -> bool:
+    """Whether a llama.cpp ``target`` runs exact numerics when the user did not say: where
+    they cost at most 3 % on this machine, build and model (``profiler.exact_default``:
+    measured once, in seconds, and cached; ``log`` hears the decision once). Other backends:
+    no (transformers has no such mode; a mock model is exact by construction anyway)."""
+    cfg = ModelConfig(target, options.target_backend, n_threads=options.n_threads)
+    if cfg.resolved_backend() != "llamacpp":
+        return False
+    from specdec.hub import resolve as resolve_file
+    from specdec.profiler.exact_default import exact_default
+
+    try:
+        path = resolve_file(target, fetch=False)
+    except (ValueError, OSError):  # a missing file is reported (or fetched) by the load
+        return False
+    return exact_default(target, str(path), options.n_threads, log=log).exact

@@ -86,7 +86,7 @@ def exact_build_text(exact_build: object, version: object = None) -> str:
     if exact_build is False:
         return (
             "stock build: --exact moves the repacked groups whose rows differ to the plain "
-            "kernels (`make exact-build` makes the patched one)"
+            "kernels (`make install` builds the patched one)"
         )
     return "build kind unknown (its ggml could not be read)"
 

@@ -12,11 +12,12 @@ auto pair, the drafter): ``k`` None leaves K to the pair.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from specdec.core.processors import MAX_BIAS, check_penalties
 from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.core.stops import check_stops
 from specdec.errors import ConfigError
@@ -41,6 +42,10 @@ class GenerationRequest:
     adaptive: bool = False
     seed: int = 0
     stop_on_eos: bool = True
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, value), ids ascending
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     @property
     def text(self) -> str:
@@ -109,6 +114,10 @@ def make_request(
     stop: str | Sequence[str] | None = None,
     prediction: str | Sequence[int] | None = None,
     parse_special: bool = False,
+    logit_bias: Mapping[int, float] | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    repetition_penalty: float = 1.0,
 ) -> GenerationRequest:
     """The checked request, or a ``ConfigError`` naming the bad argument (``Pair.stream``
     takes these arguments; the prompt's text is encoded by the pair, which has the tokenizer).
@@ -146,12 +155,29 @@ def make_request(
                     given (the prompt, the messages, the prediction) as special tokens;
                     by default all of it is text, so a message cannot end its turn or
                     open another, and a raw prompt or a prediction cannot forge one.
+    logit_bias:     {token id: value in [-100, 100]} added to the logits of those tokens
+                    (OpenAI's ``logit_bias``), in the target's rows and the draft's alike.
+    presence_penalty, frequency_penalty: in [-2, 2] (OpenAI's; 0 disables), subtracted
+                    from the logits of tokens the output already holds, once (presence) or
+                    per occurrence (frequency), as vLLM applies them.
+    repetition_penalty: in (0, 2] (1 disables): the logits of tokens in the prompt or the
+                    output divided by it when positive, multiplied when not (vLLM's and
+                    transformers' rule). Every processor applies to the draft's rows as to
+                    the target's, along the draft's path, so the output keeps the
+                    distribution of plain decoding with the same settings.
     """
     _check_types(max_new_tokens=max_new_tokens, k=k, top_k=top_k, seed=seed)
-    _check_reals(temperature=temperature, top_p=top_p)
+    _check_reals(
+        temperature=temperature,
+        top_p=top_p,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        repetition_penalty=repetition_penalty,
+    )
     check_limits(k=k, max_new_tokens=max_new_tokens)
     check_seed(seed, "seed")
     sampling = SamplingConfig(temperature, top_k, top_p)
+    check_penalties(presence_penalty, frequency_penalty, repetition_penalty)
     stops = tuple(check_stops(stop))
     ids_or_text: str | tuple[int, ...] | None = None
     if prompt is None or isinstance(prompt, str):
@@ -183,4 +209,28 @@ def make_request(
         adaptive=adaptive,
         seed=seed,
         stop_on_eos=stop_on_eos,
+        logit_bias=check_logit_bias(logit_bias),
+        presence_penalty=float(presence_penalty),
+        frequency_penalty=float(frequency_penalty),
+        repetition_penalty=float(repetition_penalty),
     )
+
+
+def check_logit_bias(bias: Mapping[int, float] | None) -> tuple[tuple[int, float], ...]:
+    """``{token id: value}`` as sorted (id, value) pairs, or a ConfigError naming the bad
+    entry (ids must be ints >= 0, values finite in [-100, 100]; the vocabulary's upper bound
+    is checked where the model is known)."""
+    if bias is None:
+        return ()
+    if not isinstance(bias, Mapping):
+        raise ConfigError(f"logit_bias must map token ids to values, got {type(bias).__name__}")
+    out: dict[int, float] = {}
+    for tok, value in bias.items():
+        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+            raise ConfigError(f"logit_bias: {tok!r} is not a token id")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"logit_bias: the value for token {tok} is not a number")
+        if not -MAX_BIAS <= float(value) <= MAX_BIAS:  # NaN fails too
+            raise ConfigError(f"logit_bias: the value for token {tok} is outside [-100, 100]")
+        out[tok] = float(value)
+    return tuple(sorted(out.items()))

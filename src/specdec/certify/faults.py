@@ -44,6 +44,7 @@ from specdec.core.model import (
     extend_last,
 )
 from specdec.core.model_drafter import ModelDrafter
+from specdec.core.processors import RowProcessor
 from specdec.core.sampling import SamplingConfig
 from specdec.errors import ConfigError
 from specdec.models.wrapped import WrappedLM
@@ -231,8 +232,10 @@ class WrongQDrafter(ModelDrafter):
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
+        *,
+        processor: RowProcessor | None = None,
     ) -> Draft:
-        d = super().propose(context, k, sampling, generator)
+        d = super().propose(context, k, sampling, generator, processor=processor)
         if d.probs is None:
             return d
         sq = d.probs.double() ** 2  # [K, V]
@@ -264,9 +267,11 @@ class RoundCountingDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
+        *,
+        processor: RowProcessor | None = None,
     ) -> Draft:
         _CLOCK.rounds += 1
-        return self.inner.propose(context, k, sampling, generator)
+        return self.inner.propose(context, k, sampling, generator, processor=processor)
 
 
 NOISY_SCALE = 0.05  # logit noise of the noisy-numerics control (the mocks' logits have sd 2)

@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         scale=args.scale,
     )
     needs_models = "3" in levels or "probe" in levels
-    draft_cfg, target_cfg = model_configs(args)
+    draft_cfg, target_cfg = model_configs(args, decide=needs_models)
     window = args.draft_window
     prompts = args.prompts or ("builtin" if args.quick else "spec_bench")
     cfg = CertifyConfig(

@@ -94,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     pair = load(
         args.target, n_threads=args.threads, log=lambda m: print(f"[specdec] {printable(m)}")
     )
+    print(f"[specdec] {numerics_line(pair, args.target, args.threads)}", file=sys.stderr)
     ids = pair.encode(task.text)
     instruction = task.text.split("\n\n", 1)[0]
     print(f"[specdec] task {task.id} ({len(ids)}-token prompt): {instruction}", file=sys.stderr)
@@ -103,6 +104,15 @@ def run(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     print(f"[specdec] {against_llama_cpp(pair.target, ids, c)}", file=sys.stderr)
     return 0
+
+
+def numerics_line(pair: object, target: str, n_threads: int | None) -> str:
+    """One line: whether the loaded target runs exact numerics, what they cost here and why
+    (the cached decision of ``profiler.exact_default``; nothing is measured here)."""
+    from specdec.profiler.exact_default import cached_decision, summary
+
+    exact = bool(getattr(getattr(pair, "target", None), "exact", False))
+    return summary(exact, cached_decision(target, n_threads))
 
 
 def against_llama_cpp(target: object, ids: list[int], c: Comparison) -> str:

@@ -8,6 +8,7 @@ from typing import Protocol
 
 import torch
 
+from specdec.core.processors import RowProcessor
 from specdec.core.sampling import SamplingConfig
 
 
@@ -50,6 +51,11 @@ class Drafter(Protocol):
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
+        *,
+        processor: RowProcessor | None = None,
     ) -> Draft:
-        """Up to k tokens continuing ``context``, with their q rows when available."""
+        """Up to k tokens continuing ``context``, with their q rows when available. A
+        drafter that samples from rows applies ``processor`` to them as the target's rows
+        are (``core.processors``); a drafter without rows may ignore it (the round cuts
+        the drafts it rules out). Either way the output stays the target's."""
         ...

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.core.drafter import Drafter
-from specdec.core.model import CausalLM, cached_prefix_len, extend_last
+from specdec.core.model import CausalLM, extend_last, reuse_prefix_len
 from specdec.core.model_drafter import ModelDrafter
 from specdec.core.policy import FixedK, KPolicy
+from specdec.core.processors import RowProcessor
 from specdec.core.result import GenerationResult, Round
 from specdec.core.round import speculative_round
 from specdec.core.sampling import SamplingConfig, make_generator
@@ -74,8 +75,9 @@ def _prefill(
     target: CausalLM, drafter: Drafter | None, ctx: Sequence[int], reuse_prefix: bool
 ) -> None:
     """Make the target cache ctx[:-1] and the drafter ctx[:-1]: with reuse_prefix, keep what
-    the caches already share with the prompt (backends that report ``cached_tokens``)."""
-    keep = cached_prefix_len(target, ctx[:-1]) if reuse_prefix else 0
+    the caches already share with the prompt (backends that report ``cached_tokens``), or
+    what a snapshot of an earlier prompt's cache shares with it (``reuse_prefix``)."""
+    keep = reuse_prefix_len(target, ctx[:-1]) if reuse_prefix else 0
     if target.n_cached > keep:
         target.truncate(keep)
     if len(ctx) - 1 > keep:
@@ -102,6 +104,7 @@ def _run(
     verifier: Verifier,
     n_ctx: int,
     control: _Control,
+    processor: RowProcessor | None,
 ) -> Generator[Round, None, GenerationResult]:
     verify_gen = make_generator(seed)
     draft_gen = verify_gen if draft_seed is None else make_generator(draft_seed)
@@ -132,6 +135,7 @@ def _run(
             verify_generator=verify_gen,
             stopwatch=sw,
             stop_on_eos=stop_on_eos,
+            processor=processor,
         )
         out.extend(rnd.tokens)
         rounds.append(rnd)
@@ -223,6 +227,7 @@ def generate_stream(
     reuse_prefix: bool = True,
     verifier: Verifier = rejection_verifier,
     draft_seed: int | None = None,
+    processor: RowProcessor | None = None,
 ) -> Generation:
     """Start generating up to ``max_new_tokens`` after ``prompt_ids``; iterate the returned
     ``Generation`` for one ``Round`` per round, then read ``.result``.
@@ -243,6 +248,10 @@ def generate_stream(
                     accept/reject walk).
     draft_seed:     seed of a separate generator for the drafter (None: the drafter shares
                     the verifier's generator, one stream per generation).
+    processor:      changes the logits before sampling as a function of the context (a
+                    logit bias, penalties, a grammar: ``core.processors``), for the target's
+                    rows and the draft model's alike; the output has the distribution of
+                    plain decoding with the same processor.
 
     Arguments are checked here, before the first round, so errors surface at the call.
     """
@@ -270,6 +279,7 @@ def generate_stream(
             verifier=verifier,
             n_ctx=n_ctx,
             control=control,
+            processor=processor,
         ),
         control,
     )

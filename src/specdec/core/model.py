@@ -92,6 +92,17 @@ def cached_prefix_len(model: CausalLM, tokens: Sequence[int]) -> int:
     return i
 
 
+def reuse_prefix_len(model: CausalLM, tokens: Sequence[int]) -> int:
+    """How many leading ``tokens`` the model's cache can start with without computing: a
+    backend with an optional ``reuse_prefix(tokens)`` (earlier prompts' caches kept as
+    snapshots) brings the best one in and says; otherwise what it holds now
+    (``cached_prefix_len``). The cache may hold more; the caller truncates to the result."""
+    reuse = getattr(model, "reuse_prefix", None)
+    if callable(reuse):
+        return int(reuse(tokens))
+    return cached_prefix_len(model, tokens)
+
+
 def check_extend_args(model: CausalLM, tokens: Sequence[int]) -> None:
     """Shared argument checks for ``extend`` implementations."""
     if len(tokens) == 0:

@@ -8,6 +8,7 @@ import torch
 
 from specdec.core.drafter import Draft
 from specdec.core.model import CausalLM, extend_last
+from specdec.core.processors import RowProcessor, process_rows
 from specdec.core.sampling import SamplingConfig, logits_to_probs, sample
 from specdec.core.vocab import check_vocab_sizes, fit_logits
 from specdec.errors import ConfigError
@@ -164,6 +165,8 @@ class ModelDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
+        *,
+        processor: RowProcessor | None = None,
     ) -> Draft:
         if k > 0 and self.window is not None:
             k = self._slide(context, k)
@@ -175,7 +178,10 @@ class ModelDrafter:
         logits = self._sync(view, keep_last=True)
         assert logits is not None
         for i in range(k):
-            q = logits_to_probs(fit_logits(logits, self.vocab_size), sampling)  # [V target]
+            row = fit_logits(logits, self.vocab_size)[None]  # [1, V target]
+            if processor is not None:  # the row after context + the drafts so far
+                row = process_rows(processor, [*context, *tokens], [], row)
+            q = logits_to_probs(row[0], sampling)  # [V target]
             tok = sample(q, generator)
             tokens.append(tok)
             rows.append(q)

@@ -24,6 +24,7 @@ import torch
 from specdec.core.drafter import Draft, Drafter
 from specdec.core.model import CausalLM
 from specdec.core.policy import KPolicy
+from specdec.core.processors import RowProcessor, legal_prefix, process_rows
 from specdec.core.result import Round
 from specdec.core.sampling import SamplingConfig, logits_to_probs
 from specdec.core.verifiers import Verifier, greedy_verify, keeps_argmax_when_greedy
@@ -44,9 +45,12 @@ def speculative_round(
     verify_generator: torch.Generator,
     stopwatch: Stopwatch,
     stop_on_eos: bool,
+    processor: RowProcessor | None = None,
 ) -> Round:
     """One round. Appends the kept tokens to ``ctx`` (the accepted context) in place and
-    returns what it did (``Round``, timed by ``stopwatch``'s sections).
+    returns what it did (``Round``, timed by ``stopwatch``'s sections). ``processor``
+    (``core.processors``: a logit bias, penalties, a grammar) changes the target's rows along
+    the draft's path and the draft model's rows as it drafts.
 
     Before and after: the target caches ctx[:-1] and the drafter a prefix of ctx.
     """
@@ -58,14 +62,22 @@ def speculative_round(
     draft = Draft([], None)
     if drafter is not None and k_r > 0:
         with stopwatch.section("draft"):  # the round times the drafter, whatever it does
-            draft = drafter.propose(ctx, k_r, sampling, draft_generator)
-    k_r = len(draft)
+            draft = drafter.propose(ctx, k_r, sampling, draft_generator, processor=processor)
+    k_r = len(draft)  # drafts proposed (those cut below count as rejected)
+    if processor is not None and k_r:
+        # drafts the processor rules out (a grammar's mask) are rejected without a pass
+        with stopwatch.section("sampling"):
+            n_legal = legal_prefix(processor, ctx, draft.tokens)
+        if n_legal < k_r:
+            probs = None if draft.probs is None else draft.probs[:n_legal]
+            draft = Draft(draft.tokens[:n_legal], probs, draft.source)
     assert target.n_cached == len(ctx) - 1, "target cache out of sync with the context"
     # 3. Verify: ONE target pass over [last context token, x_1..x_K] -> K + 1 rows.
     with stopwatch.section("verify"):
         logits = target.extend([ctx[-1], *draft.tokens])  # [K+1, V]
     # 4. Decide which drafts are kept and the token after them.
     with stopwatch.section("sampling"):
+        logits = process_rows(processor, ctx, draft.tokens, logits)  # row i: ctx + x_1..x_i
         if sampling.greedy and keeps_argmax_when_greedy(verifier):  # no rows needed
             n_acc, nxt = greedy_verify(logits, draft.tokens)
         else:
@@ -73,7 +85,7 @@ def speculative_round(
             drafts = torch.tensor(draft.tokens, dtype=torch.long)  # [K]
             n_acc, nxt = verifier(p, draft.probs, drafts, verify_generator)
     # 5. Roll the target back past the rejected drafts (the new last token is not cached).
-    if n_acc < k_r:
+    if n_acc < len(draft):
         with stopwatch.section("verify"):
             target.truncate(len(ctx) + n_acc)
     # 6. Cut at end-of-sequence and at the requested length.

@@ -20,6 +20,7 @@ import torch
 
 from specdec.core.drafter import Draft
 from specdec.core.model_drafter import ModelDrafter
+from specdec.core.processors import RowProcessor
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError
@@ -84,11 +85,13 @@ class HybridDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
+        *,
+        processor: RowProcessor | None = None,
     ) -> Draft:
         self.last_source = "none"
         if k <= 0:
             return Draft([], None)
-        draft = self.suffix.propose(context, k, sampling, generator)
+        draft = self.suffix.propose(context, k, sampling, generator, processor=processor)
         if len(draft):
             self.suffix_rounds += 1
             self.last_source = "suffix"
@@ -102,7 +105,7 @@ class HybridDrafter:
             k_model = min(k_model, self.model.model.n_ctx - len(context) + 1)
         if k_model <= 0:
             return Draft([], None)
-        draft = self.model.propose(context, k_model, sampling, generator)
+        draft = self.model.propose(context, k_model, sampling, generator, processor=processor)
         if len(draft):
             self.model_rounds += 1
             self.last_source = "model"

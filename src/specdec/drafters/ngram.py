@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec.core.drafter import Draft
+from specdec.core.processors import RowProcessor
 from specdec.core.sampling import SamplingConfig
 from specdec.errors import ConfigError
 
@@ -55,6 +56,8 @@ class NgramDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
+        *,
+        processor: RowProcessor | None = None,
     ) -> Draft:
         if k <= 0:
             return Draft([], None)

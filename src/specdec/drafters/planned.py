@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.core.drafter import Draft
+from specdec.core.processors import RowProcessor
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.suffix import SuffixDrafter, SuffixOptions, parse_suffix_options
 from specdec.errors import ConfigError
@@ -244,11 +245,13 @@ class PlannedSuffixDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
+        *,
+        processor: RowProcessor | None = None,
     ) -> Draft:
         self._settle(context)
         if self._prompt is None:
             self._prompt = len(context)
-        draft = self.inner.propose(context, k, sampling, generator)
+        draft = self.inner.propose(context, k, sampling, generator, processor=processor)
         if not draft.tokens:
             return draft
         match_len = self.inner.last_match_len

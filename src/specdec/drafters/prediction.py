@@ -54,6 +54,7 @@ from types import MappingProxyType
 import torch
 
 from specdec.core.drafter import Draft, Drafter
+from specdec.core.processors import RowProcessor
 from specdec.core.sampling import SamplingConfig
 from specdec.drafters.planned import BUCKETS, EXPLORE_LEN, PRIOR_WEIGHT, MatchPlanner, Rate
 from specdec.drafters.prediction_state import (
@@ -326,6 +327,8 @@ class PredictionDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
+        *,
+        processor: RowProcessor | None = None,
     ) -> Draft:
         self._walk(context)
         used_up = self.cursor is not None and not self.stream(self.cursor, 1)[0]
@@ -343,5 +346,5 @@ class PredictionDrafter:
             if self.cursor is not None:
                 return Draft([], None)  # drafting here would not pay: a plain step
         if self.fallback is not None:
-            return self.fallback.propose(context, k, sampling, generator)
+            return self.fallback.propose(context, k, sampling, generator, processor=processor)
         return Draft([], None)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from specdec.core.drafter import Draft
+from specdec.core.processors import RowProcessor
 from specdec.core.sampling import SamplingConfig
 from specdec.errors import ConfigError
 
@@ -289,6 +290,8 @@ class SuffixDrafter:
         k: int,
         sampling: SamplingConfig,
         generator: torch.Generator,
+        *,
+        processor: RowProcessor | None = None,
     ) -> Draft:
         if k <= 0:
             self.last_match_len, self.last_source = 0, None

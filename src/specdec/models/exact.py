@@ -22,8 +22,9 @@ from specdec.errors import SpecdecError
 # Enough rows to reach every batched kernel that ggml's CPU backend switches to by row count
 # (llamafile sgemm from 2 rows, the repack gemm from 4, the tiled K-quant path from 8), and
 # a pass as long as the loop's longest (a draft of 64: 65 rows; flash attention's tiled path
-# starts at 64 query rows).
-SELF_CHECK_ROWS = (9, 65)
+# starts at 64 query rows); and an even size, which ARM's i8mm kernels multiply in row pairs
+# (two-row vec_dot, summing in another order than one row), so that pairing is seen too.
+SELF_CHECK_ROWS = (8, 9, 65)
 
 
 class NotExactError(SpecdecError):

@@ -15,7 +15,7 @@ AVX-512 machines, so this module decides per *group* (``BUFT/TYPE``, ``models.gg
 3. if any row differs: one child per group, that group alone on its optional kernel; the
    groups whose rows differ (or whose child fails) are avoided.
 
-On the exact build (``make exact-build``: ``patches/ggml-cpu-repack-row-invariant.patch``)
+On the exact build (``make install``: ``patches/ggml-cpu-repack-row-invariant.patch``)
 exact numerics first switch the repacked kernels to their row-invariant mode
 (``use_row_invariant_kernels``); the same probe then finds every group invariant and nothing
 is moved, and a build or machine where the mode does not hold is caught by the same probe.
@@ -44,6 +44,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -223,15 +224,27 @@ def row_invariant_keeps_tiled(llama_cpp: Any) -> bool:
     return _row_invariant_from(llama_cpp, KEEPS_TILED_FROM)
 
 
-def exact_attention(llama_cpp: Any | None = None) -> ExactAttention:
+# The patch's one-column float product (llamafile_sgemm_one_column) is built for x86 only: on
+# ARM builds that keep llamafile_sgemm (no i8mm/SVE: Apple M1, Graviton2) the default
+# attention's rows still depend on the pass size, so exact numerics keep flash attention there
+# (docs/machines.md; the ARM analysis of patch version 6)
+ONE_COLUMN_MACHINES = frozenset({"x86_64", "amd64", "i386", "i686", "x86"})
+
+
+def exact_attention(llama_cpp: Any | None = None, machine: str | None = None) -> ExactAttention:
     """The attention exact numerics run with this build (``llama_cpp``: the module, imported
-    here when None): llama.cpp's default on the exact build from patch version 4 with its
-    row-invariant mode on (or about to be), flash attention with Q8_0 keys otherwise."""
+    here when None) on this machine (``machine``: ``platform.machine()`` when None):
+    llama.cpp's default on the exact build from patch version 4 with its row-invariant mode
+    on (or about to be) on x86, where the patch makes a one-column float product sum in
+    llamafile_sgemm's order; flash attention with Q8_0 keys otherwise."""
     if llama_cpp is None:
         try:
             import llama_cpp
         except ImportError:  # no llama.cpp backend: nothing to run, the general choice
             return FLASH_Q8_0_KEYS
+    arch = (machine if machine is not None else platform.machine()).lower()
+    if arch not in ONE_COLUMN_MACHINES:
+        return FLASH_Q8_0_KEYS
     on = _row_invariant_from(llama_cpp, DEFAULT_ATTENTION_FROM)
     return DEFAULT_ATTENTION if on else FLASH_Q8_0_KEYS
 

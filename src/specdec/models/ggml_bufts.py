@@ -214,7 +214,7 @@ class Ggml:
 
     def row_invariant_repack(self) -> bool:
         """Whether this build has the row-invariant mode of its repacked kernels (the exact
-        build, ``make exact-build``: ``patches/ggml-cpu-repack-row-invariant.patch``)."""
+        build, ``make install``: ``patches/ggml-cpu-repack-row-invariant.patch``)."""
         return self.row_invariant_version() > 0
 
     def row_invariant_version(self) -> int:

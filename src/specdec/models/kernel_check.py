@@ -495,16 +495,29 @@ def build_summary(verdict: KernelVerdict | None) -> dict[str, Any]:
 
 
 def build_line(summary: dict[str, Any]) -> str:
-    """One line of ``build_summary``: the build and which optional kernels ran."""
+    """One line of ``build_summary``: the build and which optional kernels ran. The summary
+    comes from a file (a cached profile, a results file): any shape gives a line, escaped."""
+    from specdec.util.printable import printable
+
+    if not isinstance(summary, dict):
+        return "llama.cpp build: not recorded in a readable form"
     made = summary.get("make_install")
     how = str(made.get("reason")) if isinstance(made, dict) else "not built by make install"
     k = summary.get("kernels")
+
+    def names(x: object) -> str:
+        return ", ".join(map(str, x)) if isinstance(x, list | tuple) else str(x)
+
     if not k:
         kernels = "no optional kernels in use"
-    elif k["disabled"]:
-        kernels = f"optional kernels {', '.join(k['listed'])}: {', '.join(k['disabled'])} off"
+    elif not isinstance(k, dict):
+        kernels = "optional kernels: not recorded in a readable form"
+    elif k.get("disabled"):
+        listed, off = names(k.get("listed", ())), names(k.get("disabled"))
+        kernels = f"optional kernels {listed}: {off} off"
     else:
-        kernels = f"optional kernels {', '.join(k['listed']) or 'none'} all kept"
+        kernels = f"optional kernels {names(k.get('listed', ())) or 'none'} all kept"
     exact_build = summary.get("exact_build")  # None: a results file from before it was recorded
     kind = "" if exact_build is None else "exact build; " if exact_build else "stock build; "
-    return f"llama.cpp {summary.get('llama_cpp_python')} ({kind}{how}); {kernels} (kernel check)"
+    line = f"llama.cpp {summary.get('llama_cpp_python')} ({kind}{how}); {kernels} (kernel check)"
+    return printable(line, 1000)

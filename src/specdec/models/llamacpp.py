@@ -25,7 +25,7 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
   path (on x86 the repacked Q4_K gemm, 4+ rows: ``models.exact_kernels`` finds them per
   buffer type and weight type, in child processes, once per build, machine and model, and
   moves only those weights to the plain kernels; the others keep their repacked kernels. On
-  the exact build, ``make exact-build``, the repacked kernels have a row-invariant mode,
+  the exact build, ``make install``, the repacked kernels have a row-invariant mode,
   which exact numerics switch on for the process, ``GGML_CPU_REPACK_ROW_INVARIANT=1``, so
   nothing is moved),
   the tiled K-quant path (8+ rows; ``GGML_CPU_TILED_MM=0`` for the whole process, as ggml
@@ -54,6 +54,7 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
 
 from __future__ import annotations
 
+import ctypes
 import os
 import weakref
 from collections.abc import Sequence
@@ -83,6 +84,7 @@ from specdec.models.kernel_check import (
     stderr_log,
 )
 from specdec.models.llama_params import has_param_field, load_llama
+from specdec.models.prompt_cache import DEFAULT_MAX_BYTES, PromptCache, reuse_prefix
 
 if TYPE_CHECKING:
     from specdec.hub.gguf import GGUFHeader
@@ -269,6 +271,7 @@ class LlamaCppLM:
         check_kernels: bool = True,
         kernels: Choice | None = None,
         log: Log = stderr_log,
+        prompt_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         """n_ubatch defaults to n_batch, n_threads_batch to n_threads (both as before these
         options existed), verbose shows llama.cpp's load log; pad_min defaults to
@@ -291,6 +294,7 @@ class LlamaCppLM:
         if n_ctx < 2:
             raise ConfigError(f"n_ctx must be >= 2, got {n_ctx}")
         for label, value, least in (
+            ("prompt_cache_bytes", prompt_cache_bytes, 0),
             ("n_batch", n_batch, 1),
             ("n_ubatch", n_ubatch, 1),
             ("n_threads", n_threads, 0),  # 0 or None: all cores
@@ -387,6 +391,8 @@ class LlamaCppLM:
         eos = {int(self.llm.token_eos()), int(eot)}
         self.eos_token_ids = frozenset(t for t in eos if t >= 0)
         self._tokens: list[int] = []
+        # snapshots of earlier prompts' caches (0 bytes: none kept)
+        self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes else None
         self.extend_calls = 0
         # Llama() keeps its batch private (``_batch``): specdec owns one of its own, through
         # llama.cpp's public API, freed with this object
@@ -508,3 +514,32 @@ class LlamaCppLM:
         check_truncate_args(self, n_keep)
         self._seq_rm(n_keep)
         del self._tokens[n_keep:]
+
+    # -- earlier prompts' caches (models.prompt_cache) ------------------------------------
+    def _state(self) -> bytes:
+        """The sequence's cache (keys and values of the cached tokens), serialized."""
+        llama_cpp = _import_llama()
+        size = int(llama_cpp.llama_state_seq_get_size(self.llm.ctx, 0))
+        buf = (ctypes.c_uint8 * size)()
+        n = int(llama_cpp.llama_state_seq_get_data(self.llm.ctx, buf, size, 0))
+        return bytes(memoryview(buf)[:n])
+
+    def _restore(self, tokens: Sequence[int], state: bytes) -> bool:
+        """Replace the cache by a snapshot of ``tokens``; False (the cache empty) where
+        llama.cpp refuses it."""
+        llama_cpp = _import_llama()
+        self._seq_rm(0)
+        self._tokens = []
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        read = int(llama_cpp.llama_state_seq_set_data(self.llm.ctx, buf, len(state), 0))
+        if read == 0 or self.cache_pos_max() != len(tokens) - 1:
+            self._seq_rm(0)
+            return False
+        self._tokens = [int(t) for t in tokens]
+        return True
+
+    def reuse_prefix(self, tokens: Sequence[int]) -> int:
+        """Make the cache start with the longest prefix of ``tokens`` it or a snapshot of an
+        earlier prompt holds (``models.prompt_cache``: content about to be lost is
+        snapshotted first) and return that prefix's length; the caller truncates to it."""
+        return reuse_prefix(self.prompt_cache, self._tokens, tokens, self._state, self._restore)

@@ -40,7 +40,9 @@ class AutoChoice:
     prior: tuple[float, ...]  # acceptance by position from the probe
     label: str
     reason: str
-    exact: bool = False  # exact numerics are this machine's default (profiler.exact_price)
+    # exact numerics: a full profile's decision (profiler.exact_price); None where no profile
+    # decided (configuration.default_numerics decides then)
+    exact: bool | None = None
 
     @property
     def speculative(self) -> bool:

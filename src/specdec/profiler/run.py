@@ -45,7 +45,7 @@ from specdec.profiler.decide import (
     Scored,
     rank,
 )
-from specdec.profiler.exact_price import measure_exact_price
+from specdec.profiler.exact_price import ExactPrice, measure_exact_price
 from specdec.profiler.measure import (
     calibrated,
     ceiling_passes,
@@ -206,6 +206,10 @@ class ProfileResult:
         if isinstance(rec["k"], bool) or not isinstance(rec["k"], int) or rec["k"] < 0:
             raise ValueError("the recommended K is not an integer >= 0")
         str(rec["reason"])
+        if not isinstance(rec.get("exact", False), bool):
+            raise ValueError("the recommendation's exact is not true or false")
+        if self.exact:  # the price of exact numerics, read by profile's and demo's lines
+            ExactPrice.from_dict(self.exact)
         self.rank_for(max(1, 8 * len(self.prompt_tokens)) * 4096, 128)  # a long prompt
 
     def candidates(self) -> list[tuple[Candidate, Prediction]]:

@@ -4,10 +4,11 @@ A cost measured while another job keeps the cores busy is that job's, not this m
 (prefill measured at 21.7 tok/s on a busy machine against 244 quiet, and then cached for
 good). The criterion is direct: the kernel's count of busy CPU time over all cores
 (``/proc/stat``: user, nice, system, irq, softirq and steal, the time a hypervisor gave to
-other machines) less this process's own CPU time (``os.times``), as a share of the cores'
-wall time over the measurement. Above ``BUSY_SHARE`` (a quarter of the machine: half a core of
-two), the measurement is called taken under load. Where ``/proc/stat`` cannot be read (not
-Linux), nothing can be told (``None``).
+other machines) less this process's own CPU time and that of its children it has waited for
+(``os.times``: a measurement's worker processes, such as exact_price's, are its own work, not
+other load), as a share of the cores' wall time over the measurement. Above ``BUSY_SHARE``
+(a quarter of the machine: half a core of two), the measurement is called taken under load.
+Where ``/proc/stat`` cannot be read (not Linux), nothing can be told (``None``).
 
 ``$SPECDEC_BUSY_SHARE`` sets the share (1 turns the check off: the test suite, which runs
 beside other jobs, sets it so).
@@ -29,7 +30,8 @@ BUSY_SHARE_ENV = "SPECDEC_BUSY_SHARE"
 
 @dataclass(frozen=True)
 class CpuSample:
-    """One reading: wall clock, all cores' busy and total time, this process's CPU time."""
+    """One reading: wall clock, all cores' busy and total time, this process's CPU time (its
+    waited-for children's included)."""
 
     wall_s: float
     busy_s: float
@@ -54,7 +56,7 @@ def sample(stat: Path = Path("/proc/stat")) -> CpuSample | None:
         wall_s=time.monotonic(),
         busy_s=busy / hz,
         total_s=(busy + idle + iowait) / hz,
-        own_s=own.user + own.system,
+        own_s=own.user + own.system + own.children_user + own.children_system,
     )
 
 

@@ -1,0 +1,172 @@
+"""Exact numerics by default (profiler.exact_default): decided once per machine, build, model
+and thread count, cached, and only where the patched build's price is at most 3 %; a build
+without the row-invariant mode keeps llama.cpp's numerics with one line saying why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.profiler import cache
+from specdec.profiler.exact_default import NO_MODE, ExactDefault, decide, exact_default
+from specdec.profiler.exact_price import ExactPrice
+
+
+def price(step: float = 1.0, verify: float = 1.0, prefill: float = 1.0) -> ExactPrice:
+    """Exact numerics' figures at the given ratios over the default's."""
+    return ExactPrice(
+        step_s=0.040,
+        exact_step_s=0.040 * step,
+        prefill_tps=100.0,
+        exact_prefill_tps=100.0 / prefill,
+        rounds=2,
+        verify_s=0.200,
+        exact_verify_s=0.200 * verify,
+    )
+
+
+def test_the_decision_follows_the_dearest_figure() -> None:
+    assert decide(price(1.02, 1.01, 1.025)).exact
+    for dear in (price(step=1.05), price(verify=1.04), price(prefill=1.2)):
+        d = decide(dear)
+        assert not d.exact and "more than 3%" in d.reason
+
+
+class Counter:
+    def __init__(self, result: ExactPrice) -> None:
+        self.calls = 0
+        self.result = result
+
+    def __call__(self, path: str, n_threads: int | None) -> ExactPrice:
+        self.calls += 1
+        return self.result
+
+
+def test_measured_once_then_cached(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECDEC_PROFILES", str(tmp_path))
+    measure, lines = Counter(price(1.01, 0.99, 1.0)), []
+    first = exact_default("m.gguf", "/x/m.gguf", 2, log=lines.append, measure=measure,
+                          identity=("a" * 64, 6))  # fmt: skip
+    assert first.exact and measure.calls == 1
+    assert len(lines) == 2 and "measuring" in lines[0] and "the default here" in lines[1]
+    again = exact_default("m.gguf", "/x/m.gguf", 2, log=lines.append, measure=measure,
+                          identity=("a" * 64, 6))  # fmt: skip
+    assert again == first and measure.calls == 1 and len(lines) == 2  # silent from the cache
+    # another build (library), thread count or model: decided again
+    exact_default("m.gguf", "/x/m.gguf", 2, measure=measure, identity=("b" * 64, 6))
+    exact_default("m.gguf", "/x/m.gguf", 1, measure=measure, identity=("a" * 64, 6))
+    exact_default("n.gguf", "/x/n.gguf", 2, measure=measure, identity=("a" * 64, 6))
+    assert measure.calls == 4
+
+
+def test_a_dear_price_keeps_llama_cpps_numerics(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECDEC_PROFILES", str(tmp_path))
+    d = exact_default("m.gguf", "/x", None, measure=Counter(price(verify=1.09)),
+                      identity=("a" * 64, 6))  # fmt: skip
+    assert not d.exact and d.price is not None
+
+
+def test_a_build_without_the_mode_is_not_measured(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECDEC_PROFILES", str(tmp_path))
+    measure, lines = Counter(price()), []
+    d = exact_default("m.gguf", "/x", 2, log=lines.append, measure=measure,
+                      identity=("c" * 64, 0))  # fmt: skip
+    assert not d.exact and d.reason == NO_MODE and measure.calls == 0
+    assert lines == [NO_MODE]  # one line, once
+    exact_default("m.gguf", "/x", 2, log=lines.append, measure=measure, identity=("c" * 64, 0))
+    assert lines == [NO_MODE]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        [],
+        {"format": 1, "exact": "yes", "reason": "r", "price": None},
+        {"format": 1, "exact": True, "reason": 3, "price": None},
+        {"format": 1, "exact": True, "reason": "r", "price": {"step_s": "fast"}},
+        {"format": 1, "exact": True, "reason": "r", "price": price(verify=1.5).to_dict()},
+        {"format": 99, "exact": True, "reason": "r", "price": None},
+    ],
+)
+def test_a_damaged_cache_entry_is_decided_again(tmp_path, monkeypatch, entry) -> None:
+    monkeypatch.setenv("SPECDEC_PROFILES", str(tmp_path))
+    measure = Counter(price(1.0, 1.0, 1.0))
+    ident = ("d" * 64, 6)
+    exact_default("m.gguf", "/x", 2, measure=measure, identity=ident)
+    (path,) = list(tmp_path.glob("*.json"))
+    key = json.loads(path.read_text())["key"]
+    data = {"key": key, **entry} if isinstance(entry, dict) else entry
+    path.write_text(json.dumps(data))
+    assert ExactDefault.from_dict(cache.load_cached(key)) is None
+    again = exact_default("m.gguf", "/x", 2, measure=measure, identity=ident)
+    assert again.exact and measure.calls == 2
+
+
+def test_resolve_decides_only_for_llama_cpp_targets(monkeypatch) -> None:
+    from specdec import configuration
+    from specdec.pairs import ModelOptions
+
+    asked: list[str] = []
+
+    def fake(model, path, n_threads, *, log):
+        asked.append(model)
+        return ExactDefault(True, "cheap here")
+
+    monkeypatch.setattr("specdec.profiler.exact_default.exact_default", fake)
+    mock = configuration.resolve("mock:vocab=16", "none", ModelOptions(target_backend="mock"))
+    assert not mock.target.exact and asked == []
+    # a GGUF file that does not exist is left to the load to report: no decision
+    missing = configuration.resolve("/nowhere/x.gguf", "none", ModelOptions())
+    assert not missing.target.exact and asked == []
+    # said either way: nothing decided
+    said = configuration.resolve("/nowhere/x.gguf", "none", ModelOptions(exact=False))
+    assert not said.target.exact and asked == []
+
+
+def test_resolve_takes_the_decision_for_an_existing_gguf(tmp_path, monkeypatch) -> None:
+    from specdec import configuration
+    from specdec.pairs import ModelOptions
+
+    gguf = tmp_path / "t.gguf"
+    gguf.write_bytes(b"GGUF")  # never loaded here
+    lines: list[str] = []
+
+    def fake(model, path, n_threads, *, log):
+        log("decided")
+        return ExactDefault(True, "cheap here")
+
+    monkeypatch.setattr("specdec.profiler.exact_default.exact_default", fake)
+    cfg = configuration.resolve(str(gguf), "none", ModelOptions(), log=lines.append)
+    assert cfg.target.exact and lines == ["decided"]
+    off = configuration.resolve(str(gguf), "none", ModelOptions(exact=False))
+    assert not off.target.exact
+
+
+def test_exact_numerics_that_fail_to_run_are_not_the_default(tmp_path, monkeypatch) -> None:
+    """A build whose kernels the patch does not cover fails the load-time check (or the
+    measuring workers fail): llama.cpp's numerics stay, with the reason, and no traceback."""
+    from specdec.errors import SpecdecError
+
+    monkeypatch.setenv("SPECDEC_PROFILES", str(tmp_path))
+
+    def failing(path: str, n_threads: int | None) -> ExactPrice:
+        raise SpecdecError("measuring exact numerics failed: NotExactError: row 1 differs")
+
+    lines: list[str] = []
+    d = exact_default("m.gguf", "/x", 2, log=lines.append, measure=failing,
+                      identity=("e" * 64, 6))  # fmt: skip
+    assert not d.exact and "row 1 differs" in d.reason and lines[-1] == d.reason
+
+
+def test_the_summary_line_says_on_or_off_and_the_measured_cost() -> None:
+    from specdec.profiler.exact_default import summary
+
+    on = summary(True, decide(price(1.009, 0.99, 1.02)))
+    assert on.startswith("exact numerics on") and "plain step +0.9%" in on and "cached" in on
+    off = summary(False, decide(price(verify=1.2)))
+    assert off.startswith("exact numerics off") and "+20.0%" in off
+    forced = summary(True, decide(price(verify=1.2)))
+    assert "as asked" in forced
+    assert "stock library" in summary(False, ExactDefault(False, NO_MODE))
+    assert summary(False, None).endswith("(as asked)")
