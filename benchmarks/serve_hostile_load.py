@@ -71,6 +71,7 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[
     if args.src:
         env["PYTHONPATH"] = str(Path(args.src).resolve())
     cmd = [sys.executable, "-m", "specdec", "serve", "--target", args.target, "--draft", "none"]
+    cmd += ["--no-exact"]  # llama.cpp's numerics, said (else a first load prices exact numerics)
     cmd += ["--port", str(port), "--n-ctx", str(args.n_ctx), "--max-queue", "16"]
 
     def limits() -> None:  # the server may open what a common `ulimit -n` allows

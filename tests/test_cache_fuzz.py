@@ -484,8 +484,9 @@ def test_the_make_install_record_is_read_safely(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """llama-build.json as a FIFO hung doctor, as /dev/zero filled memory, 2,000 levels deep
-    was a RecursionError, and wrong types were a traceback in doctor's lines."""
-    from specdec.build_flags import RECORD
+    was a RecursionError, and wrong types were a traceback in doctor's lines; `make install`
+    reads it too (build_flags.installed_record, whether its build is already in place)."""
+    from specdec.build_flags import RECORD, installed_record
     from specdec.doctor import format_report, gather
     from specdec.models.kernel_check import make_install_record
 
@@ -497,6 +498,7 @@ def test_the_make_install_record_is_read_safely(
         plant(path, kind)
     record = make_install_record()
     assert record is None or isinstance(record, dict)
+    assert installed_record(str(tmp_path)) == record  # the build's own reader agrees
     report = gather()  # doctor itself, reading the record where it lies
     assert report["llama_cpp"].get("built_by_make_install") == record
     text = format_report(report)

@@ -740,3 +740,41 @@ def test_a_garbage_llama_library_is_one_line(tmp_path: Path) -> None:
     )
     assert doctor.returncode == 0 and "Traceback" not in doctor.stderr, doctor.stderr
     assert "its library would not load" in doctor.stdout
+
+
+@pytest.mark.real_model
+@pytest.mark.llamacpp
+def test_a_self_check_refusal_names_the_cached_verdict_it_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stale exact-check verdict (cached by another build) blocked --exact with no hint to
+    the cache: the refusal now names the file and says to delete it. The self-check's
+    refusal is forced (the verdict is the one a stale file would give)."""
+    from tiny_models import llama_cpp_or_skip, store_model_or_skip
+
+    llama_cpp_or_skip()
+    import specdec.models.exact as exact_mod
+    import specdec.models.llamacpp as backend
+    from specdec.models.exact import NotExactError
+    from specdec.models.exact_kernels import ExactVerdict
+
+    stale = ExactVerdict("all", ("CPU_REPACK/Q4_0",), (), cached=True, key="stalekey")
+
+    def refuse(lm: object, name: str) -> None:
+        raise NotExactError(f"{name}: not batch-invariant: row 3 of a 4-token pass differs")
+
+    monkeypatch.setenv("SPECDEC_EXACT_CHECKS", str(tmp_path))
+    asked: list[object] = []
+
+    def cached(*a: object, **k: object) -> ExactVerdict:
+        asked.append(a)
+        return stale
+
+    monkeypatch.setattr(backend, "exact_verdict", cached)
+    monkeypatch.setattr(exact_mod, "self_check", refuse)
+    with pytest.raises(NotExactError) as caught:
+        backend.LlamaCppLM(store_model_or_skip(), n_ctx=128, n_threads=2, exact=True)
+    if not asked:
+        pytest.skip("this build has no optional kernel for exact numerics to check")
+    assert str(tmp_path / "stalekey.json") in str(caught.value)
+    assert "delete it" in str(caught.value) and "\n" not in str(caught.value)
