@@ -14,12 +14,15 @@ alternated over ``--rounds`` rounds (A B C, C B A, ...) so that drift falls on a
                  were before the per-group verdict (repack=False)
   exact-patched  (``--patched-lib DIR``) exact numerics on another llama.cpp build, loaded
                  through LLAMA_CPP_LIB_PATH=DIR without installing it (the exact build, whose
-                 row-invariant repacked kernels exact numerics keep: ``make exact-build``)
+                 row-invariant repacked kernels exact numerics keep: ``make install``)
   default-patched  (with ``--patched-lib``) llama.cpp's defaults on that build (its row-
                  invariant mode off): what the patch costs where it is not asked for
   specdec-default  (``--specdec-default``) llama.cpp's default settings with specdec's
                  default configuration decoding (the planned drafter, costs measured for
                  these numerics): what exact numerics cost specdec's own default decode
+  default-stock  (``--stock-lib DIR``) llama.cpp's defaults on the unpatched build in DIR
+                 (``make stock-build``'s library): against ``default`` on the installed
+                 patched build, what the patch costs where its mode is off
 
 ``--only a,b`` runs those settings alone (``default`` always: the ratios' base).
 
@@ -28,8 +31,9 @@ In each process, on the default target (2 threads):
   * the plain step (one-token pass) after 100 and after 1,000 tokens of context, and verify(n)
     for n in 2..16 after 100 tokens: medians of ``--repeats`` passes, n ascending and
     descending in turn;
-  * decode speed of a short generation per prompt (8 prompts: one Spec-Bench question per
-    category and 2 HumanEval, chat template, 64 new tokens, greedy): llama-cpp-python's own
+  * decode speed of a short generation per prompt (``--per-category`` Spec-Bench questions
+    per category, 1 by default: 8 prompts with the 2 HumanEval ones; chat template, 64 new
+    tokens, greedy): llama-cpp-python's own
     loop (``Llama.create_completion``) on a default instance in ``default`` processes, and
     specdec's default configuration (the planned suffix drafter, costs measured for these
     numerics) on the exact target in ``exact`` processes; decode tokens/s from the first
@@ -41,7 +45,7 @@ spread of the per-round ratios; ``--json`` keeps every sample, written after eve
 meaningful on a quiet machine.
 
     PYTHONPATH=src python benchmarks/exact_cost.py --rounds 3 --with-none \
-        [--patched-lib DIR] --json benchmarks/results/exact-cost.json
+        [--patched-lib DIR] [--stock-lib DIR] [--per-category N] --json OUT.json
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ def settings(args: argparse.Namespace) -> dict[str, dict[str, str]]:
         out["exact-patched"] = {"LLAMA_CPP_LIB_PATH": str(args.patched_lib)}
     if getattr(args, "specdec_default", False):
         out["specdec-default"] = {}
+    if getattr(args, "stock_lib", None):
+        out["default-stock"] = {"LLAMA_CPP_LIB_PATH": str(args.stock_lib)}
     only = getattr(args, "only", None)
     if only:
         wanted = {"default", *only.split(",")}
@@ -83,10 +89,10 @@ def settings(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     return out
 
 
-def prompts() -> list[str]:
+def prompts(per_category: int = 1) -> list[str]:
     from specdec.prompt_sets import load_code_completion, load_spec_bench, sample_per_category
 
-    return [p.text for p in sample_per_category(load_spec_bench(), 1, seed=0)] + [
+    return [p.text for p in sample_per_category(load_spec_bench(), per_category, seed=0)] + [
         p.text for p in load_code_completion()[:2]
     ]
 
@@ -146,7 +152,9 @@ def specdec_decode(
     return res.t_total - res.t_prefill - first.t_round, len(res.tokens) - first.n_emitted
 
 
-def worker(setting: str, threads: int, repeats: int, n_new: int) -> dict[str, Any]:
+def worker(
+    setting: str, threads: int, repeats: int, n_new: int, per_category: int = 1
+) -> dict[str, Any]:
     from specdec.hub import resolve
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.prompting import encode_prompt
@@ -197,11 +205,11 @@ def worker(setting: str, threads: int, repeats: int, n_new: int) -> dict[str, An
             n_max, context = fitted_passes(lm.n_ctx)
             costs = target_costs(lm, n_max=n_max, context_tokens=context, repeats=REPEATS)
         drafter = PlannedSuffixDrafter(SuffixDrafter(), costs)
-        for text in prompts():
+        for text in prompts(per_category):
             pids = encode_prompt(lm, text, chat=True)
             gen.append(specdec_decode(lm, drafter, pids, n_new, PLANNED_K))
     else:
-        for text in prompts():
+        for text in prompts(per_category):
             pids = encode_prompt(lm, text, chat=True)
             gen.append(llama_cpp_decode(lm.llm, pids, n_new))
     out["decode_tps"] = [n / s for s, n in gen]
@@ -216,7 +224,7 @@ def run_worker(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", setting]
     cmd += ["--threads", str(args.threads), "--repeats", str(args.repeats)]
-    cmd += ["--new-tokens", str(args.new_tokens)]
+    cmd += ["--new-tokens", str(args.new_tokens), "--per-category", str(args.per_category)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.exit(f"{setting} failed:\n" + "\n".join(proc.stderr.strip().splitlines()[-10:]))
@@ -245,7 +253,7 @@ def figures(r: dict[str, Any]) -> dict[str, float]:
     out.update({f"plain step ms (ctx {c})": v for c, v in r["step_ms"].items()})
     one = r["verify_ms"]["1"]
     out.update({f"verify({n}) / verify(1)": v / one for n, v in r["verify_ms"].items() if n != "1"})
-    out["decode tok/s (8 prompts, gmean)"] = gmean(r["decode_tps"])
+    out[f"decode tok/s ({len(r['decode_tps'])} prompts, gmean)"] = gmean(r["decode_tps"])
     return out
 
 
@@ -289,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--with-none", action="store_true", help="also exact with no optional kernel")
     ap.add_argument("--patched-lib", type=Path, help="also exact on the build in this lib dir")
     ap.add_argument("--specdec-default", action="store_true", help="also specdec's default decode")
+    ap.add_argument(
+        "--stock-lib", type=Path, help="also llama.cpp's defaults on the unpatched build here"
+    )
+    ap.add_argument(
+        "--per-category", type=int, default=1, help="Spec-Bench prompts per category decoded"
+    )
     ap.add_argument("--only", help="run only these settings (comma-separated) and default")
     ap.add_argument("--json", type=Path, help="written after every round")
     ap.add_argument("--resume", action="store_true", help="continue the rounds in --json")
@@ -296,16 +310,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.worker, args.threads, args.repeats, args.new_tokens)))
+        print(
+            json.dumps(
+                worker(args.worker, args.threads, args.repeats, args.new_tokens, args.per_category)
+            )
+        )
         return 0
     if args.from_json:
         print(report(json.loads(args.from_json.read_text())["rounds"]))
         return 0
-    if args.patched_lib is not None:
-        from specdec.models.lib_identity import lib_dir_problem
+    for lib in (args.patched_lib, args.stock_lib):
+        if lib is not None:
+            from specdec.models.lib_identity import lib_dir_problem
 
-        if (problem := lib_dir_problem(args.patched_lib)) is not None:
-            raise SystemExit(problem)
+            if (problem := lib_dir_problem(lib)) is not None:
+                raise SystemExit(problem)
     load = os.getloadavg()
     names = list(settings(args))
     rounds: list[dict[str, Any]] = []

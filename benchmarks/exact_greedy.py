@@ -2,7 +2,9 @@
 default target: does every configuration give plain decoding's exact tokens?
 
 One process, one numerics (``--numerics exact``: the target with ``exact=True``;
-``default``: llama.cpp's default settings). Per prompt (128 new tokens, the chat template):
+``default``: llama.cpp's default settings; ``auto``: what specdec chooses with no flag,
+``configuration.default_numerics``: exact where they cost at most 3 % on this machine and
+build, measured once and cached). Per prompt (128 new tokens, the chat template):
 
   plain              specdec with K = 0 (a fresh prefill of the prompt)
   planned            the default drafter (cost-aware suffix drafts; the target's costs
@@ -145,7 +147,7 @@ def summary(records: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--numerics", choices=("exact", "default"), required=True)
+    ap.add_argument("--numerics", choices=("exact", "default", "auto"), required=True)
     ap.add_argument("--out", type=Path, required=True, help="JSONL, one record per prompt")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--summary", action="store_true", help="only print the summary of --out")
@@ -162,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists() and not args.resume:
         sys.exit(f"{args.out} exists: --resume to continue it, or remove it")
     exact = args.numerics == "exact"
+    if args.numerics == "auto":
+        from specdec.configuration import default_numerics
+        from specdec.pairs import ModelOptions
+
+        options = ModelOptions(n_threads=args.threads)
+        exact = default_numerics(TARGET, options, log=lambda m: print(m, file=sys.stderr))
     if exact:  # ggml reads it once per process, at the first K-quant product
         os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 
@@ -208,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             "category": prompt.category,
             "prompt_tokens": len(ids),
             "numerics": args.numerics,
+            "exact": exact,
             "threads": args.threads,
             # which optional kernels the target kept (models.exact_kernels) and which build
             "kernels": target.kernel_choice.text(),

@@ -45,7 +45,7 @@ from typing import Any
 
 from specdec.core.drafter import Drafter
 from specdec.core.sampling import SamplingConfig, make_generator
-from specdec.drafters.planned import BUCKETS, PlannedSuffixDrafter, bucket_of
+from specdec.drafters.planned import BUCKETS, PlannedSuffixDrafter, bucket_of, planned_suffix
 from specdec.drafters.prediction_state import kept_prefix
 from specdec.drafters.suffix import SuffixDrafter, parse_suffix_options
 from specdec.profiler.measure import model_free_probe, round_walk_probe
@@ -224,6 +224,13 @@ def main() -> int:
         "planned, long": walk(  # exploring drafts as long as optimism says (before 11-30)
             lambda: PlannedSuffixDrafter(suffix(), believed, explore_len=None), 16
         ),
+        "planned, no budget": walk(  # drafts unbounded in total (before 12-07)
+            lambda: PlannedSuffixDrafter(suffix(), believed, explore_budget=None), 16
+        ),
+        "planned-64": walk(lambda: PlannedSuffixDrafter(planned_suffix(), believed), 64),
+        "planned-64, no budget": walk(
+            lambda: PlannedSuffixDrafter(planned_suffix(), believed, explore_budget=None), 64
+        ),
         "oracle K=16": lambda tr: oracle_seconds(tr, costs, K_CAP),
         "tree-oracle": lambda tr: tree_oracle_seconds(tr, costs, K_CAP),  # K = 16 too
     }
@@ -236,13 +243,13 @@ def main() -> int:
             )
     cats = sorted({tr["category"] for tr in traces})
     print("\nreplayed speed relative to plain decoding (geometric mean per category)")
-    print(f"{'policy':14} " + " ".join(f"{c[:10]:>10}" for c in cats) + f" {'all':>7} {'worst':>6}")
+    print(f"{'policy':22} " + " ".join(f"{c[:10]:>10}" for c in cats) + f" {'all':>7} {'worst':>6}")
     for name in policies:
         allv = [x for c in cats for x in by_cat[name][c]]
         cells = [
             f"{gmean(by_cat[name][c]):10.3f}" if by_cat[name][c] else f"{'':>10}" for c in cats
         ]
-        print(f"{name:14} " + " ".join(cells) + f" {gmean(allv):7.3f} {min(allv):6.2f}")
+        print(f"{name:22} " + " ".join(cells) + f" {gmean(allv):7.3f} {min(allv):6.2f}")
     first, cont = bucket_rates(traces)
     print("\nacceptance per match-length bucket, every position with a proposal:")
     for b, lo in enumerate(BUCKETS):

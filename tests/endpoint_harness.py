@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +155,8 @@ class TokenServerState:
     in_flight: int = 0
     max_in_flight: int = 0
     requests: int = 0
+    # (prompt, prediction field, prompt_logprobs field) of every completion request
+    bodies: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
 
 def token_server_app(
@@ -212,6 +214,11 @@ def token_server_app(
     async def complete(request: Request) -> JSONResponse:
         body = await request.json()
         own.requests += 1
+        for st in (own, shared):
+            if st is not None:
+                st.bodies.append(
+                    (body.get("prompt"), body.get("prediction"), body.get("prompt_logprobs"))
+                )
         if fail_after is not None and own.requests > fail_after:
             return JSONResponse({"error": {"message": "crashed"}}, 400)
         for st in (own, shared):

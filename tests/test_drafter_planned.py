@@ -20,6 +20,8 @@ from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.drafters.planned import (
     BUCKETS,
     COPY,
+    EXPLORE_BUDGET,
+    EXPLORE_CREDIT,
     EXPLORE_LEN,
     EXPLORE_TRIALS,
     REPEAT,
@@ -28,6 +30,7 @@ from specdec.drafters.planned import (
     Rate,
     best_length,
     bucket_of,
+    planned_suffix,
 )
 from specdec.drafters.suffix import SuffixDrafter, SuffixOptions
 from specdec.errors import ConfigError
@@ -308,3 +311,62 @@ def test_copies_of_the_prompt_and_repeats_of_the_output_learn_apart_and_draft_up
     assert draft.tokens[:1] == [99]
     d.rollback([*ctx, 99, 5])
     assert len(d.planners[REPEAT].trace) == 1
+
+
+# ------------------------------------------------------------- the fresh-text floor (issue 61)
+# a steep verify curve as measured on the 2-core AMD EPYC with AVX-512 (verify(2) about 1.9
+# steps, then about 0.45 a row): a rejected draft costs nearly a step per row
+STEEP = Costs(verify_s=(1.0, 1.9, *tuple(1.9 + 0.45 * i for i in range(1, 15))), prefill_tps=1e3)
+
+
+def _lure_trace(seed: int, alphabet: int = 3) -> tuple[list[int], list[int]]:
+    """Prompt and output drawn uniformly from a few tokens: suffix matches of every length
+    are everywhere, in the prompt and in the output, but what followed a match before follows
+    it again only by chance (1 in ``alphabet``). Text with nothing to copy, dressed as text
+    with much to copy."""
+    rng = random.Random(seed)
+    prompt = [100 + rng.randrange(alphabet) for _ in range(300)]
+    return prompt, [100 + rng.randrange(alphabet) for _ in range(400)]
+
+
+def _walk(drafter: PlannedSuffixDrafter, prompt: list[int], out: list[int], costs: Costs):
+    from specdec.profiler.measure import round_walk_probe
+    from specdec.profiler.predict import plan_seconds, simulate
+
+    plan = simulate(round_walk_probe(drafter, prompt, out, 64), 64)
+    return plan, plan_seconds(plan, costs)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("costs", [STEEP, LLAMACPP_HERE], ids=["steep", "measured"])
+def test_on_text_where_drafts_do_not_pay_the_planner_stays_within_its_budget(
+    costs: Costs, seed: int
+) -> None:
+    """No timing: the round walk of a greedy run, charged the injected verify curve. Every
+    draft is right only by chance, so drafting loses; the regret budget bounds the loss at
+    EXPLORE_BUDGET of plain decoding's time (EXPLORE_CREDIT tokens counted up front). The
+    fixture that must fail: the same planner without the budget loses more than that (1.7 to
+    2.4 times the bound on these texts)."""
+    prompt, out = _lure_trace(seed)
+    plain = len(out) * costs.round_seconds(0)
+    bound = EXPLORE_BUDGET * costs.round_seconds(0) * (len(out) + EXPLORE_CREDIT)
+    plan, seconds = _walk(PlannedSuffixDrafter(planned_suffix(), costs), prompt, out, costs)
+    assert sum(plan.drafted) > 0  # it did try
+    assert seconds - plain <= bound + 1e-9
+    assert plain / seconds >= 1 - 2 * EXPLORE_BUDGET  # >= 0.98x plain decoding here
+    _, unbounded = _walk(
+        PlannedSuffixDrafter(planned_suffix(), costs, explore_budget=None), prompt, out, costs
+    )
+    assert unbounded - plain > bound  # the opposite verdict without the budget
+
+
+def test_under_the_budget_a_real_copy_still_drafts_long_on_a_steep_curve() -> None:
+    """The budget earns back what paying drafts save: a verbatim copy of the prompt ramps up
+    to long drafts and beats plain decoding on the steep curve too."""
+    rng = random.Random(3)
+    doc = [rng.randrange(1000, 50_000) for _ in range(400)]
+    prompt, out = [*doc, 7, 8, 9, *doc[:3]], doc[3:300]
+    plan, seconds = _walk(PlannedSuffixDrafter(planned_suffix(), STEEP), prompt, out, STEEP)
+    assert max(plan.drafted) == len(STEEP.verify_s) - 1  # the longest the curve covers
+    assert sum(plan.kept) >= len(out) // 2
+    assert len(out) * STEEP.round_seconds(0) / seconds > 1.5

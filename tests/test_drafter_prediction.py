@@ -63,6 +63,36 @@ def test_drafts_the_prediction_in_sync_and_follows_the_kept_tokens() -> None:
     assert draft.tokens == [15, 16] and draft.source == SOURCE
 
 
+def test_begin_places_the_output_after_the_prompt_for_an_engine_that_drafts_late() -> None:
+    """vLLM's first proposal comes after the first output token: with ``begin`` the drafter
+    continues from there; without it, it takes that token for the prompt and drafts the
+    prediction one token too early (the wrong-offset fault, every draft rejected)."""
+    prediction, prompt = [10, 11, 12, 13, 14, 15, 16], [1, 2, 3]
+    late = PredictionDrafter(prediction, costs=None)
+    late.begin(prompt)
+    assert _propose(late, [*prompt, 10], k=4).tokens == [11, 12, 13, 14]
+    unaware = PredictionDrafter(prediction, costs=None)
+    assert _propose(unaware, [*prompt, 10], k=4).tokens == [10, 11, 12, 13]
+    with pytest.raises(AssertionError):
+        late.begin(prompt)  # only before the first proposal
+
+
+def test_set_costs_resizes_drafts_and_keeps_what_was_learned() -> None:
+    d = PredictionDrafter(list(range(10, 60)), costs=None)
+    prompt = [1, 2, 3]
+    assert len(_propose(d, prompt, k=16).tokens) == 16  # no costs: as far as K allows
+    d.set_costs(SERIAL)  # a verified row costs a full step: no draft pays
+    context = [*prompt, *range(10, 27)]
+    assert _propose(d, context, k=16).tokens == []
+    assert d.planners is not None
+    learned = [r.trials for p in d.planners.values() for r in p.first]
+    assert sum(learned) == 1  # the 16-token draft, kept whole, was learned from
+    d.set_costs(FLAT)  # nearly free rows: 16 again, the learned rates kept
+    assert len(_propose(d, context, k=16).tokens) == 16
+    assert [r.trials for p in d.planners.values() for r in p.first] == learned
+    assert all(p.costs is FLAT for p in d.planners.values())
+
+
 def test_resynchronises_after_an_insertion_a_deletion_and_a_replacement() -> None:
     pred = list(range(100, 140))
     d = PredictionDrafter(pred, costs=None)

@@ -93,6 +93,41 @@ def test_the_per_token_test_passes_a_faithful_server_and_both_servers_work_at_on
     assert "## Per-token test" in md and "## Time" in md and "## Power" in md
 
 
+def test_a_prompt_files_predictions_go_with_each_of_its_generation_requests(
+    servers: tuple[str, str, TokenServerState],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A prompt file with predictions (OpenAI's ``prediction``, e.g. ``code_predict``): every
+    greedy and sampled request of a prompt carries its prediction, to both sides (a server
+    without the feature ignores it, a lossless one is unchanged by it); the per-token scoring
+    requests carry none."""
+    on, off, shared = servers
+    lines = [
+        {"prompt": "hello there", "prediction": "there hello"},
+        {"prompt": "abcabcabcabc"},
+        {"prompt": "xyz", "prediction": "zyx"},
+    ]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    rc, stdout, err, cert = certify(on, off, tmp_path / "c", path, capsys)
+    assert rc == 0, stdout + err
+    assert cert["plan"]["n_predictions"] == 2 and "predictions" not in cert["plan"]
+    want = {x["prompt"]: x.get("prediction") for x in lines}
+    # the plan's requests (the probes send prompts of their own, without predictions)
+    generation = [b for b in shared.bodies if b[2] is None and b[0] in want]
+    scoring = [b for b in shared.bodies if b[2] is not None]
+    assert len(generation) >= 2 * (1 + 3 * 30) and scoring
+    for prompt, prediction, _ in generation:
+        expected = want[prompt]
+        assert prediction == (
+            None if expected is None else {"type": "content", "content": expected}
+        ), prompt
+    assert all(p is None for _, p, _ in scoring)
+    md = (tmp_path / "c" / "certificate.md").read_text()
+    assert "2 of 3 prompts carry a prediction" in md
+
+
 def test_the_per_token_test_fails_a_server_that_samples_at_the_wrong_temperature(
     prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

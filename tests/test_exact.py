@@ -56,7 +56,7 @@ def test_the_mock_models_are_exact_and_a_batch_dependent_one_is_refused() -> Non
     checks = check_rows_exact(_mock(), [1, 2, 3], list(range(4, 20)), range(1, 17))
     assert [c.n for c in checks] == list(range(1, 17)) and all(c.exact for c in checks)
     self_check(_mock(), "mock")  # passes
-    with pytest.raises(NotExactError, match="row 0 of a 9-token pass"):
+    with pytest.raises(NotExactError, match="row 0 of a 8-token pass"):
         self_check(BatchDependentLM(_mock()), "batch-dependent mock")
 
 

@@ -58,6 +58,10 @@ def test_measured_once_then_cached(tmp_path, monkeypatch) -> None:
     exact_default("m.gguf", "/x/m.gguf", 1, measure=measure, identity=("a" * 64, 6))
     exact_default("n.gguf", "/x/n.gguf", 2, measure=measure, identity=("a" * 64, 6))
     assert measure.calls == 4
+    # no thread count is every core's: the decision of that count, not a second one
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    exact_default("m.gguf", "/x/m.gguf", None, measure=measure, identity=("a" * 64, 6))
+    assert measure.calls == 4
 
 
 def test_a_dear_price_keeps_llama_cpps_numerics(tmp_path, monkeypatch) -> None:
@@ -127,9 +131,9 @@ def test_resolve_decides_only_for_llama_cpp_targets(monkeypatch) -> None:
 def test_resolve_takes_the_decision_for_an_existing_gguf(tmp_path, monkeypatch) -> None:
     from specdec import configuration
     from specdec.pairs import ModelOptions
+    from test_hostile_inputs_round3 import write_gguf
 
-    gguf = tmp_path / "t.gguf"
-    gguf.write_bytes(b"GGUF")  # never loaded here
+    gguf = write_gguf(tmp_path / "t.gguf")  # a valid header, never loaded here
     lines: list[str] = []
 
     def fake(model, path, n_threads, *, log):
@@ -141,6 +145,14 @@ def test_resolve_takes_the_decision_for_an_existing_gguf(tmp_path, monkeypatch) 
     assert cfg.target.exact and lines == ["decided"]
     off = configuration.resolve(str(gguf), "none", ModelOptions(exact=False))
     assert not off.target.exact
+    # a file the load will refuse is not measured: the load's one-line error comes first
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF")
+    lines.clear()
+    assert not configuration.resolve(
+        str(bad), "none", ModelOptions(), log=lines.append
+    ).target.exact
+    assert lines == []
 
 
 def test_exact_numerics_that_fail_to_run_are_not_the_default(tmp_path, monkeypatch) -> None:
@@ -170,3 +182,61 @@ def test_the_summary_line_says_on_or_off_and_the_measured_cost() -> None:
     assert "as asked" in forced
     assert "stock library" in summary(False, ExactDefault(False, NO_MODE))
     assert summary(False, None).endswith("(as asked)")
+
+
+class Machine:
+    """``cpuload.sample`` of a machine on which other processes use ``others`` of the CPUs
+    and this process (its measurement workers included) ``own`` of them."""
+
+    def __init__(self) -> None:
+        self.others, self.own, self.n = 0.0, 0.0, 0
+
+    def sample(self) -> object:
+        from specdec.util.cpuload import CpuSample
+
+        self.n += 1  # 10 s and 20 CPU-seconds (2 cores) per reading
+        busy = self.n * 20 * (self.others + self.own)
+        return CpuSample(self.n * 10.0, busy, self.n * 20.0, self.n * 20 * self.own)
+
+
+def test_a_no_measured_on_a_busy_machine_is_measured_again(tmp_path, monkeypatch) -> None:
+    """One rule with ``util.cpuload``'s (merge of issues 61 and 62): a "no" measured while
+    other processes used more than ``$SPECDEC_BUSY_SHARE`` of the CPUs is not cached; a
+    "yes" is; the measurement's own CPU time is not other load."""
+    from specdec.util import cpuload
+
+    monkeypatch.setenv("SPECDEC_PROFILES", str(tmp_path))
+    monkeypatch.setenv("SPECDEC_BUSY_SHARE", "0.25")  # conftest turns the check off
+    machine = Machine()
+    monkeypatch.setattr(cpuload, "sample", machine.sample)
+    dear, lines = Counter(price(1.10, 1.0, 1.0)), []
+    args = ("m.gguf", "/x/m.gguf", 2)
+    machine.others = 0.6
+    for _ in range(2):  # busy: others used 60 %, decided each time, never cached
+        got = exact_default(*args, log=lines.append, measure=dear, identity=("a" * 64, 6))
+        assert not got.exact
+    assert dear.calls == 2 and any("busy" in ln and "60%" in ln for ln in lines), lines
+    machine.others, machine.own = 0.05, 0.9  # the measurement's own workers: not other load
+    quiet = exact_default(*args, measure=dear, identity=("a" * 64, 6))
+    assert not quiet.exact and dear.calls == 3
+    machine.others, machine.own = 0.6, 0.0
+    exact_default(*args, measure=dear, identity=("a" * 64, 6))
+    assert dear.calls == 3  # the quiet machine's no is cached
+    # a yes is cached however busy the machine was (its error costs speed, not exactness)
+    cheap = Counter(price(1.0, 1.0, 1.0))
+    exact_default("n.gguf", "/x/n.gguf", 2, measure=cheap, identity=("a" * 64, 6))
+    exact_default("n.gguf", "/x/n.gguf", 2, measure=cheap, identity=("a" * 64, 6))
+    assert cheap.calls == 1
+
+
+def test_demo_and_serve_start_with_the_numerics_line(tmp_path, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from specdec.cli.common import numerics_line
+
+    monkeypatch.setenv("SPECDEC_PROFILES", str(tmp_path))
+    on = numerics_line(SimpleNamespace(target=SimpleNamespace(exact=True)), "m.gguf", 2)
+    off = numerics_line(SimpleNamespace(target=SimpleNamespace(exact=False)), "m.gguf", 2)
+    assert on.startswith("exact numerics on") and off.startswith("exact numerics off")
+    mock = numerics_line(SimpleNamespace(target=object()), "mock", 2)
+    assert "not a llama.cpp target" in mock

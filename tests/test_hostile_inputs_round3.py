@@ -1126,8 +1126,8 @@ SERVER_ROWS: list[tuple[str, str, bytes, int]] = [
     ("no messages", CH, b'{"messages": [], "max_tokens": 2}', 400),
     ("role wizard", CH, _ch("x").replace(b'"user"', b'"wizard"'), 400),
     ("a 3 MB prompt", C, _c(prompt="a" * 3_000_000), 400),
-    ("logit_bias", C, _c(logit_bias={"5": 100}), 400),
-    ("n = 2", C, _c(n=2), 400),
+    ("logit_bias", C, _c(logit_bias={"5": 101}), 400),
+    ("n = 17", C, _c(n=17), 400),
     ("another model", C, _c(model="gpt-4"), 404),
     # the prediction field main gained meanwhile
     ("prediction not UTF-8", C, _c(prediction={"type": "content", "content": "a\udcffb"}), 400),

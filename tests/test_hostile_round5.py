@@ -428,6 +428,12 @@ def test_a_prediction_that_cannot_fit_is_refused_before_the_tokenizer_sees_it() 
         )
         assert long_prompt.status_code == 400 and long_prompt.json()["error"]["param"] == "prompt"
         assert counting.chars == 0
+        # a list of prompts (one choice group each, issue 59): each one is bounded the same way
+        listed = httpx.post(
+            base + "/v1/completions", json={"prompt": [PROMPT, big], "max_tokens": 4}, timeout=30
+        )
+        assert listed.status_code == 400 and listed.json()["error"]["param"] == "prompt"
+        assert counting.chars == 0
         ok = httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
         assert ok.status_code == 200 and counting.chars > 0
 

@@ -4,14 +4,18 @@ processor for every drafter, and sampled output has its exact distribution.
 
 Thresholds (fixed before running): the sampled test draws 4,000 independent sequences (one
 seed each) of 3 tokens and requires the chi-square p-value against the exactly computed law
-to exceed 1e-3; the fault fixture (rows not advanced along the draft's path) must give a
-p-value below 1e-3 on the same test.
+to exceed 1e-3; the fault fixtures (rows not advanced along the draft's path; the processor
+applied to the draft's rows only, the target's left as they are) must give a p-value below
+1e-3 on the same test. Processing the target's rows and not the draft's is NOT a fault: the
+accept/reject walk keeps the target's (processed) law for any draft distribution the drafts
+were really drawn from, so it must pass (it only lowers acceptance).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +23,7 @@ import torch
 from scipy import stats
 
 from specdec.core.loop import generate
+from specdec.core.model_drafter import ModelDrafter
 from specdec.core.processors import (
     LogitBias,
     Penalties,
@@ -193,14 +198,44 @@ def exact_first(
     return out
 
 
-def pvalue(fault: bool) -> float:
+class DraftRowsWith:
+    """A model drafter whose rows get ``processor`` whatever the round passes it: None for
+    the target-only case, the processor itself for the draft-only fault."""
+
+    def __init__(self, inner: ModelDrafter, processor: RowProcessor | None) -> None:
+        self.inner = inner
+        self.processor = processor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def propose(self, ctx: Any, k: int, sampling: Any, gen: Any, processor: Any = None) -> Any:
+        return self.inner.propose(ctx, k, sampling, gen, processor=self.processor)
+
+
+def pvalue(fault: bool | str) -> float:
+    """The chi-square p-value of 4,000 sampled sequences against the processed law; ``fault``
+    True: rows not along the path; "draft-only": the target's rows unprocessed;
+    "target-only": the draft's rows unprocessed (lossless)."""
     draft, target = mock_pair("close", vocab_size=6, order=1, sharpness=1.0)
     prompt = [0, 2]
     cfg = SamplingConfig(1.0)
 
-    def proc() -> RowProcessor:
-        p = Penalties(len(prompt), 6, frequency=2.0, presence=1.0)
-        return NotAlongThePath(p) if fault else p
+    def penalties() -> Penalties:
+        return Penalties(len(prompt), 6, frequency=2.0, presence=1.0)
+
+    def proc() -> RowProcessor | None:
+        if fault == "draft-only":
+            return None
+        return NotAlongThePath(penalties()) if fault is True else penalties()
+
+    def drafter() -> Any:
+        model_drafter = ModelDrafter(draft, vocab_size=6)
+        if fault == "draft-only":
+            return DraftRowsWith(model_drafter, penalties())
+        if fault == "target-only":
+            return DraftRowsWith(model_drafter, None)
+        return draft
 
     exact = exact_first(
         target, prompt, cfg, Penalties(len(prompt), 6, frequency=2.0, presence=1.0), 3
@@ -211,7 +246,7 @@ def pvalue(fault: bool) -> float:
     for s in range(n_seq):
         res = generate(
             target,
-            draft,
+            drafter(),
             prompt,
             max_new_tokens=3,
             k=3,
@@ -240,3 +275,11 @@ def test_sampled_output_has_the_processed_distribution() -> None:
 
 def test_rows_not_advanced_along_the_path_are_caught() -> None:
     assert pvalue(fault=True) < 1e-3
+
+
+def test_processing_the_draft_rows_only_is_caught() -> None:
+    assert pvalue(fault="draft-only") < 1e-3
+
+
+def test_processing_the_target_rows_only_stays_lossless() -> None:
+    assert pvalue(fault="target-only") > 1e-3

@@ -104,6 +104,22 @@ def test_an_edit_after_another_request_skips_its_prefill() -> None:
     assert single[2][1] > 300
 
 
+def test_scoring_a_prompt_keeps_the_cache_it_replaces_as_a_snapshot() -> None:
+    """A scoring request (prompt_logprobs: every row from an empty cache) between two edits
+    of a file: the file's cache is snapshotted before the scoring drops it, so the second
+    edit still skips the file's prefill."""
+    spec = MockSpec(vocab_size=32, seed=3, n_ctx=4096)
+    file = [(7 * i) % 29 + 3 for i in range(300)]
+    pool = PromptCache(max_bytes=1 << 20)
+    model = SnapshotMock(spec, pool)
+    generate(model, None, [*file, 1, 2], max_new_tokens=4, k=0, stop_on_eos=False)
+    scored = generate(model, None, [9, 8, 7, 6, 5], max_new_tokens=0, prompt_logprobs=2)
+    assert scored.prompt_logprobs is not None and len(scored.prompt_logprobs) == 5
+    before = model.tokens_processed
+    generate(model, None, [*file, 1, 5], max_new_tokens=4, k=0, stop_on_eos=False)
+    assert pool.hits == 1 and model.tokens_processed - before < 20
+
+
 @pytest.mark.llamacpp
 @pytest.mark.real_model
 def test_llama_cpp_snapshots_give_a_fresh_prefills_output() -> None:

@@ -25,20 +25,32 @@ def _char_tokenizer() -> object:
     )
 
 
-def make_tiny_hf(path: Path, *, seed: int, arch: str = "llama", layers: int = 2) -> Path:
-    """A random-initialised causal LM saved as safetensors with a character tokenizer."""
+def make_tiny_hf(
+    path: Path,
+    *,
+    seed: int,
+    arch: str = "llama",
+    layers: int = 2,
+    hidden: int = 64,
+    positions: int = 512,
+    chat_template: str | None = None,
+) -> Path:
+    """A random-initialised causal LM saved as safetensors with a character tokenizer (4
+    attention heads: head size hidden / 4; vLLM's CPU attention wants at least 32)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     tok = _char_tokenizer()
+    if chat_template is not None:
+        tok.chat_template = chat_template  # type: ignore[attr-defined]
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
     cfg = cls(
         vocab_size=len(tok.get_vocab()),  # type: ignore[attr-defined]
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=positions,
         bos_token_id=0,
         eos_token_id=1,
         initializer_range=0.2,

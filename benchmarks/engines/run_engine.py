@@ -143,9 +143,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("engine", choices=sorted(PORTS))
     ap.add_argument(
         "mode",
-        choices=("draft", "ngram", "lookup", "off"),
+        choices=("draft", "ngram", "lookup", "off", "prediction", "prediction-norejection"),
         help="the spec-on side's speculation; off: the spec-off server on both sides (an A/A "
-        "certificate: the test's own false-alarm check on this engine)",
+        "certificate: the test's own false-alarm check on this engine); vllm prediction: "
+        "specdec-vllm (integrations/vllm), with -norejection: its fault fixture (vLLM's "
+        "rejection off)",
+    )
+    ap.add_argument(
+        "--prompts",
+        help="certify's --prompts (e.g. code_predict: code edits whose 'prediction' is sent "
+        "with every request); the result names get its stem",
+    )
+    ap.add_argument(
+        "--api",
+        choices=("completions", "chat"),
+        help="certify's --endpoint-api (default: certify's, completions); chat: the prompt as "
+        "the user turn (an instruction model then answers with the edited code, which a "
+        "prediction drafts); the result names get -chat",
     )
     ap.add_argument("step", choices=("switch", "bench", "certify", "wrong", "probe"))
     ap.add_argument("--root", type=Path, default=S.DEFAULT_ROOT)
@@ -207,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         name += "-" + a.plan.replace(":", "")
     if a.tie_gap is not None:
         name += f"-tie{a.tie_gap:g}"
+    if a.prompts:
+        name += "-" + Path(a.prompts).stem.replace("_", "-")
+    if a.api == "chat":
+        name += "-chat"
     if a.default_batch_threads:
         name += "-default-batch-threads"
     if a.no_pin and a.step != "bench":
@@ -287,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
             plan = [*CERTIFY_BUDGET, "--max-minutes", a.plan.split(":", 1)[1]]
         if a.tie_gap is not None:
             plan += ["--tie-gap", str(a.tie_gap)]
+        if a.prompts:
+            plan += ["--prompts", a.prompts]
+        if a.api:
+            plan += ["--endpoint-api", a.api]
         log.servers([off, on])
         with S.running([off, on], logs):
             target = on.url

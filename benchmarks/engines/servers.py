@@ -150,6 +150,13 @@ VLLM_FIX_PLUGIN = "specdec_cpu_expand_fix"
 VLLM_FIX_MARKER = "specdec_cpu_expand_fix: replaced vllm.utils.cpu_triton_utils._expand_kernel_impl"
 
 
+# specdec-vllm (integrations/vllm, installed into vLLM's environment): its proposer class and
+# its endpoint plugin; drafts of up to PREDICTION_K tokens (its drafter sizes each one)
+VLLM_PREDICTION_PROPOSER = "specdec_vllm.PredictionProposer"
+VLLM_PREDICTION_PLUGIN = "specdec_prediction"
+PREDICTION_K = 16
+
+
 def vllm_general_plugins(root: Path = DEFAULT_ROOT) -> list[str]:
     """The ``vllm.general_plugins`` entry points installed in vLLM's environment."""
     code = (
@@ -172,8 +179,12 @@ def vllm(
     fix: bool = False,
     small: bool = False,
 ) -> ServerSpec:
-    """vLLM CPU on the bf16 target: mode "off", "draft" (the 0.5B draft, K tokens) or "ngram"
-    (prompt lookup, K tokens). Per-request speculative counters in every response.
+    """vLLM CPU on the bf16 target: mode "off", "draft" (the 0.5B draft, K tokens), "ngram"
+    (prompt lookup, K tokens) or "prediction" (specdec-vllm, ``integrations/vllm``: OpenAI's
+    ``prediction`` drafted by specdec's prediction drafter, up to PREDICTION_K tokens, vLLM's
+    n-gram lookup for requests without one) or "prediction-norejection" (the same with vLLM's
+    rejection turned off, every draft token kept: a fault that a certificate must catch).
+    Per-request speculative counters in every response.
 
     ``small``: the 0.5B model as the target, and with "draft" as its own draft (a spec-on and a
     spec-off server of the 1.5B target take about 17.5 GB here; of the 0.5B, a fraction).
@@ -209,16 +220,27 @@ def vllm(
         cfg = {"method": "draft_model", "model": str(root / "models/draft-bf16")}
     elif mode == "ngram":
         cfg = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    elif mode in ("prediction", "prediction-norejection"):
+        cfg = {"method": "custom_class", "model": VLLM_PREDICTION_PROPOSER}
+        if mode == "prediction-norejection":  # the fault fixture: every draft token kept
+            cfg["rejection_sample_method"] = "synthetic"
+            cfg["synthetic_acceptance_rates"] = [1.0] * PREDICTION_K
     elif mode != "off":
-        raise ValueError(f"vllm mode must be off, draft or ngram, got {mode!r}")
+        raise ValueError(
+            f"vllm mode must be off, draft, ngram or prediction[-norejection], got {mode!r}"
+        )
     if mode != "off":
-        cfg["num_speculative_tokens"] = K
+        cfg["num_speculative_tokens"] = PREDICTION_K if mode.startswith("prediction") else K
         argv += ["--speculative-config", json.dumps(cfg)]
         argv += ["--enable-per-request-metrics", "--per-request-spec-decode-metrics", "summary"]
     plugins = vllm_general_plugins(root)
     if fix and VLLM_FIX_PLUGIN not in plugins:
         raise RuntimeError(f"{VLLM_FIX_PLUGIN} is not installed in {root}: run setup_vllm.sh")
     chosen = [p for p in plugins if p != VLLM_FIX_PLUGIN] + ([VLLM_FIX_PLUGIN] if fix else [])
+    if mode.startswith(
+        "prediction"
+    ):  # the endpoint plugin (an entry point of vllm.endpoint_plugins)
+        chosen.append(VLLM_PREDICTION_PLUGIN)
     env = {
         "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
         "VLLM_CPU_OMP_THREADS_BIND": cpus,
@@ -329,9 +351,17 @@ def llama_cpp_python(
     return ServerSpec(f"llama-cpp-python-{mode}", argv, port, cpus=cpus, start_timeout_s=180)
 
 
-def specdec_serve(port: int, *, cpus: str = "0-1") -> ServerSpec:
+def specdec_serve(
+    port: int,
+    *,
+    cpus: str = "0-1",
+    extra: Sequence[str] = (),
+    name: str = "specdec-serve",
+    draft: str = DRAFT,
+) -> ServerSpec:
     """``specdec serve`` with the project's default pair (0.5B llama.cpp draft, 1.5B target
-    as its default backend chooses); spec-off requests use its per-request switch."""
+    as its default backend chooses); spec-off requests use its per-request switch. ``extra``:
+    more flags (``--exact``); ``draft``: another drafter (``ngram``)."""
     threads = str(len(_cpu_list(cpus)))
     argv = [
         str(Path(sys.executable).parent / "specdec"),
@@ -339,7 +369,7 @@ def specdec_serve(port: int, *, cpus: str = "0-1") -> ServerSpec:
         "-m",
         TARGET,
         "-md",
-        DRAFT,
+        draft,
         "--host",
         "127.0.0.1",
         "--port",
@@ -350,8 +380,9 @@ def specdec_serve(port: int, *, cpus: str = "0-1") -> ServerSpec:
         str(K),
         "--served-model-name",
         "qwen2.5-coder-1.5b",
+        *extra,
     ]
-    return ServerSpec("specdec-serve", argv, port, cpus=cpus, start_timeout_s=600)
+    return ServerSpec(name, argv, port, cpus=cpus, start_timeout_s=600)
 
 
 def _cpu_list(cpus: str) -> list[int]:

@@ -249,6 +249,8 @@ class Pair:
             seed=request.seed,
             stop_on_eos=request.stop_on_eos,
             processor=self.row_processor(request, ids),
+            logprobs=request.logprobs,
+            prompt_logprobs=request.prompt_logprobs,
         )
         hidden = self.target.eos_token_ids if request.stop_on_eos else frozenset()
         decoder = IncrementalDecoder(self.target.tokenizer)

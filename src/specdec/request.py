@@ -12,11 +12,13 @@ auto pair, the drafter): ``k`` None leaves K to the pair.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from specdec.core.logprobs import LogprobSpec, check_top
 from specdec.core.processors import MAX_BIAS, check_penalties
 from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.core.stops import check_stops
@@ -46,6 +48,8 @@ class GenerationRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logprobs: LogprobSpec | None = None  # per generated token (core.logprobs)
+    prompt_logprobs: int | None = None  # score the prompt too, with this many alternatives
 
     @property
     def text(self) -> str:
@@ -88,12 +92,14 @@ def _token_ids(ids: object, name: str) -> tuple[int, ...]:
     return tuple(int(t) for t in ids)
 
 
-def check_limits(*, k: int | None, max_new_tokens: int) -> None:
-    """K and the length of a request (also the server's defaults for them), or ConfigError."""
+def check_limits(*, k: int | None, max_new_tokens: int, scoring: bool = False) -> None:
+    """K and the length of a request (also the server's defaults for them), or ConfigError;
+    a request that scores its prompt (``scoring``) may generate nothing (0)."""
     if k is not None and k < 0:
         raise ConfigError(f"k must be >= 0, got {k}")
-    if max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if max_new_tokens < (0 if scoring else 1):
+        least = "0 (the prompt is scored)" if scoring else "1"
+        raise ConfigError(f"max_new_tokens must be >= {least}, got {max_new_tokens}")
 
 
 def make_request(
@@ -118,6 +124,9 @@ def make_request(
     presence_penalty: float = 0.0,
     frequency_penalty: float = 0.0,
     repetition_penalty: float = 1.0,
+    logprobs: int | None = None,
+    logprobs_mode: str = "raw",
+    prompt_logprobs: int | None = None,
 ) -> GenerationRequest:
     """The checked request, or a ``ConfigError`` naming the bad argument (``Pair.stream``
     takes these arguments; the prompt's text is encoded by the pair, which has the tokenizer).
@@ -165,6 +174,17 @@ def make_request(
                     transformers' rule). Every processor applies to the draft's rows as to
                     the target's, along the draft's path, so the output keeps the
                     distribution of plain decoding with the same settings.
+    logprobs:       return the log-probability of each generated token and this many most
+                    probable alternatives (0..20; None: none), read from the rows the
+                    target's passes computed (no extra pass): ``result.logprobs``.
+    logprobs_mode:  "raw" (default, vLLM's default): the model's distribution before the
+                    request changes it; "processed": the distribution each token was drawn
+                    from (after the logit bias, penalties, temperature, top-k, top-p;
+                    greedy rows are one-hot). ``specdec.core.logprobs`` says more.
+    prompt_logprobs: score the prompt's tokens too (raw), with this many alternatives each
+                    (0..20): ``result.prompt_logprobs`` (None for the first token). The prompt
+                    is then prefilled from an empty cache, 64 rows a pass; max_new_tokens
+                    may be 0.
     """
     _check_types(max_new_tokens=max_new_tokens, k=k, top_k=top_k, seed=seed)
     _check_reals(
@@ -174,8 +194,11 @@ def make_request(
         frequency_penalty=frequency_penalty,
         repetition_penalty=repetition_penalty,
     )
-    check_limits(k=k, max_new_tokens=max_new_tokens)
+    check_limits(k=k, max_new_tokens=max_new_tokens, scoring=prompt_logprobs is not None)
     check_seed(seed, "seed")
+    spec = None if logprobs is None else LogprobSpec(logprobs, logprobs_mode)
+    if prompt_logprobs is not None:
+        check_top(prompt_logprobs, "prompt_logprobs")
     sampling = SamplingConfig(temperature, top_k, top_p)
     check_penalties(presence_penalty, frequency_penalty, repetition_penalty)
     stops = tuple(check_stops(stop))
@@ -213,7 +236,19 @@ def make_request(
         presence_penalty=float(presence_penalty),
         frequency_penalty=float(frequency_penalty),
         repetition_penalty=float(repetition_penalty),
+        logprobs=spec,
+        prompt_logprobs=prompt_logprobs,
     )
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """The seed of choice ``choice`` of a request with ``seed`` (its ``n`` choices are
+    generated one after another, each from its own stream): the seed itself for choice 0,
+    else a stable hash of (seed, choice) below 2^63."""
+    if choice == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{choice}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def check_logit_bias(bias: Mapping[int, float] | None) -> tuple[tuple[int, float], ...]:

@@ -54,11 +54,6 @@ def load_certify_prompts(source: str | None, n: int) -> CertifyPrompts:
     return CertifyPrompts(texts, predictions, where)
 
 
-def load_texts(source: str | None, n: int) -> list[str]:
-    """The texts of ``load_certify_prompts(source, n)``."""
-    return _read(source, n)[0]
-
-
 def _read(source: str | None, n: int) -> tuple[list[str], list[str | None] | None, str]:
     if source in (None, BUILTIN):
         texts = list(DEFAULT_PROMPTS)

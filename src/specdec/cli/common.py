@@ -306,3 +306,14 @@ def quiet_libraries() -> None:
         transformers.logging.disable_progress_bar()
     except ImportError:  # pragma: no cover
         pass
+
+
+def numerics_line(pair: object, target: str, n_threads: int | None) -> str:
+    """One line: whether the loaded target runs exact numerics, what they cost here and why
+    (the cached decision of ``profiler.exact_default``; nothing is measured here)."""
+    from specdec.profiler.exact_default import cached_decision, summary
+
+    exact = getattr(getattr(pair, "target", None), "exact", None)
+    if exact is None:  # transformers or a mock: no exact mode to choose
+        return "exact numerics: not a llama.cpp target (its rows are as its backend computes them)"
+    return summary(bool(exact), cached_decision(target, n_threads))

@@ -18,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from specdec.cli import command_help
-from specdec.cli.common import check_common, quiet_libraries
+from specdec.cli.common import check_common, numerics_line, quiet_libraries
 from specdec.errors import ConfigError
 from specdec.pairs import DEFAULT_TARGET
 from specdec.util.printable import printable
@@ -104,15 +104,6 @@ def run(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
     print(f"[specdec] {against_llama_cpp(pair.target, ids, c)}", file=sys.stderr)
     return 0
-
-
-def numerics_line(pair: object, target: str, n_threads: int | None) -> str:
-    """One line: whether the loaded target runs exact numerics, what they cost here and why
-    (the cached decision of ``profiler.exact_default``; nothing is measured here)."""
-    from specdec.profiler.exact_default import cached_decision, summary
-
-    exact = bool(getattr(getattr(pair, "target", None), "exact", False))
-    return summary(exact, cached_decision(target, n_threads))
 
 
 def against_llama_cpp(target: object, ids: list[int], c: Comparison) -> str:

@@ -336,7 +336,7 @@ def run_certify(args: argparse.Namespace) -> int:
     from specdec.certify.endpoint.plan import make_plan
     from specdec.certify.endpoint.report import write_certificate
     from specdec.certify.endpoint.run import run_endpoint_certify
-    from specdec.certify.prompts import load_texts
+    from specdec.certify.prompts import load_certify_prompts
     from specdec.endpoint.pairing import make_sides
 
     _refuse(
@@ -351,9 +351,11 @@ def run_certify(args: argparse.Namespace) -> int:
             "n_prompts": None,
         },
     )
-    texts = load_texts(args.prompts or "builtin", 0)
+    prompts = load_certify_prompts(args.prompts or "builtin", 0)
+    texts = [str(t) for t in prompts.texts]  # a file's prompts are text
     plan = make_plan(
         texts,
+        predictions=None if prompts.predictions is None else tuple(prompts.predictions),
         quick=args.quick,
         scale=args.scale,
         greedy_prompts=args.greedy_prompts,

@@ -13,6 +13,7 @@ from specdec.cli.common import (
     add_speculation_args,
     check_common,
     load_from_args,
+    numerics_line,
     quiet_libraries,
 )
 from specdec.errors import ConfigError
@@ -50,6 +51,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="read special-token text (such as <|im_end|>) inside prompts, chat messages and "
         "predictions as special tokens; by default it is plain text, so no request can forge "
         "a turn",
+    )
+    p.add_argument(
+        "--logprobs-mode",
+        choices=("raw_logprobs", "processed_logprobs"),
+        default="raw_logprobs",
+        help="what logprobs are of (vLLM's names): the model's own distribution (default), or "
+        "the one each token was drawn from (after logit bias, penalties, temperature, top-k, "
+        "top-p); a request's logprobs_mode overrides it",
     )
     add_speculation_args(p, serving=True)
     p.add_argument(
@@ -138,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
             adaptive=args.adaptive,
             default_max_tokens=args.default_max_tokens,
             parse_special=args.parse_special,
+            logprobs_mode=args.logprobs_mode,
         ),
         api_key=args.api_key,
         max_queue=args.max_queue,
@@ -155,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         f"{'API key required' if args.api_key else 'no API key'})"
     )
     print(f"[specdec] {printable(line)}", file=sys.stderr)
+    print(f"[specdec] {printable(numerics_line(pair, args.target, args.threads))}", file=sys.stderr)
     try:
         server.run(
             app,

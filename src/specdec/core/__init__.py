@@ -6,6 +6,7 @@ rejection.py      the accept/reject walk and its exact enumeration
 sampling.py       logits -> probability rows (temperature, top-k, top-p; greedy = argmax)
 processors.py     what a request changes in the logits first, as a function of the context
                   (logit bias, penalties; a grammar's mask): target and draft rows alike
+logprobs.py       log-probabilities from rows already computed (raw or processed)
 loop.py           prefill, then rounds until done: generate_stream, Generation, generate
 result.py         Round (one per round) and GenerationResult (the metrics)
 policy.py         K per round: FixedK, AdaptiveK, ProfileK

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdec.core.drafter import Drafter
+from specdec.core.logprobs import LogprobSpec, TokenLogprob, check_top, rows_logprobs
 from specdec.core.model import CausalLM, extend_last, reuse_prefix_len
 from specdec.core.model_drafter import ModelDrafter
 from specdec.core.policy import FixedK, KPolicy
@@ -71,22 +72,59 @@ def validate_request(prompt_ids: Sequence[int], max_new_tokens: int, n_ctx: int)
         )
 
 
+# prompt rows scored per target pass: a bound on the memory scoring takes (64 rows of a
+# 151,936-token vocabulary are 39 MB of float32), whatever the prompt's length
+PROMPT_ROWS_PER_PASS = 64
+
+
+def score_prompt(
+    target: CausalLM, ctx: Sequence[int], top: int, rows_per_pass: int = PROMPT_ROWS_PER_PASS
+) -> list[TokenLogprob | None]:
+    """Prefill the target with ctx[:-1] from an empty cache, ``rows_per_pass`` tokens a pass,
+    and score each prompt token under the row of the tokens before it (``core.logprobs``,
+    raw, with its rank and ``top`` alternatives): None for the first token, whose row no
+    pass computes. Only one pass's rows are held at a time. A backend that keeps earlier
+    prompts' caches (``reuse_prefix``) snapshots what its cache held first."""
+    assert rows_per_pass >= 1
+    if target.n_cached:
+        reuse_prefix_len(target, ())  # snapshots the content about to be lost, keeps none
+        target.truncate(0)  # every position's row is needed: no cached prefix is kept
+    scored: list[TokenLogprob | None] = [None]
+    n = len(ctx) - 1
+    for start in range(0, n, rows_per_pass):
+        piece = ctx[start : min(n, start + rows_per_pass)]
+        rows = target.extend(piece)  # [len(piece), V]
+        nexts = ctx[start + 1 : start + 1 + len(piece)]
+        scored.extend(rows_logprobs(rows, nexts, top, with_rank=True))
+    return scored
+
+
 def _prefill(
-    target: CausalLM, drafter: Drafter | None, ctx: Sequence[int], reuse_prefix: bool
-) -> None:
+    target: CausalLM,
+    drafter: Drafter | None,
+    ctx: Sequence[int],
+    reuse_prefix: bool,
+    prompt_top: int | None = None,
+) -> list[TokenLogprob | None] | None:
     """Make the target cache ctx[:-1] and the drafter ctx[:-1]: with reuse_prefix, keep what
     the caches already share with the prompt (backends that report ``cached_tokens``), or
-    what a snapshot of an earlier prompt's cache shares with it (``reuse_prefix``)."""
-    keep = reuse_prefix_len(target, ctx[:-1]) if reuse_prefix else 0
-    if target.n_cached > keep:
-        target.truncate(keep)
-    if len(ctx) - 1 > keep:
-        extend_last(target, ctx[keep:-1])
+    what a snapshot of an earlier prompt's cache shares with it (``reuse_prefix``). With
+    ``prompt_top``, the target's prefill scores the prompt (``score_prompt``), returned."""
+    scored = None
+    if prompt_top is not None:
+        scored = score_prompt(target, ctx, prompt_top)
+    else:
+        keep = reuse_prefix_len(target, ctx[:-1]) if reuse_prefix else 0
+        if target.n_cached > keep:
+            target.truncate(keep)
+        if len(ctx) - 1 > keep:
+            extend_last(target, ctx[keep:-1])
     if drafter is not None:
         drafter.reset()
         if not reuse_prefix:
             drafter.rollback([])
         drafter.prefill(ctx[:-1])
+    return scored
 
 
 def _run(
@@ -105,6 +143,8 @@ def _run(
     n_ctx: int,
     control: _Control,
     processor: RowProcessor | None,
+    logprobs: LogprobSpec | None,
+    prompt_logprobs: int | None,
 ) -> Generator[Round, None, GenerationResult]:
     verify_gen = make_generator(seed)
     draft_gen = verify_gen if draft_seed is None else make_generator(draft_seed)
@@ -115,7 +155,9 @@ def _run(
     finish = "length"
     t_start = time.perf_counter()
     with sw.section("prefill"):
-        _prefill(target, drafter, ctx, reuse_prefix)
+        control.prompt_logprobs = _prefill(
+            target, drafter if max_new_tokens else None, ctx, reuse_prefix, prompt_logprobs
+        )
     t_prefill = time.perf_counter() - t_start
 
     while len(out) < max_new_tokens and control.stop_reason is None:
@@ -136,6 +178,7 @@ def _run(
             stopwatch=sw,
             stop_on_eos=stop_on_eos,
             processor=processor,
+            logprobs=logprobs,
         )
         out.extend(rnd.tokens)
         rounds.append(rnd)
@@ -156,14 +199,17 @@ def _run(
         t_total=time.perf_counter() - t_start,
         drafter=getattr(drafter, "name", "none") if drafter is not None else "none",
         extra={**drafter_report(drafter), **numerics_report(target)},
+        prompt_logprobs=control.prompt_logprobs,
     )
 
 
 @dataclass
 class _Control:
-    """What the caller of a running generation asks of the loop (read between rounds)."""
+    """What the caller of a running generation asks of the loop (read between rounds), and
+    what the loop tells it before the end (the prompt's scores, once the prefill ran)."""
 
     stop_reason: str | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class Generation:
@@ -180,6 +226,12 @@ class Generation:
         self._rounds = rounds
         self._control = control if control is not None else _Control()
         self.result: GenerationResult | None = None
+
+    @property
+    def prompt_logprobs(self) -> list[TokenLogprob | None] | None:
+        """The prompt's scores (``generate_stream(prompt_logprobs=)``) once the prefill ran
+        (before the first round is yielded); None before, or when not asked for."""
+        return self._control.prompt_logprobs
 
     def __iter__(self) -> Iterator[Round]:
         return self
@@ -228,6 +280,8 @@ def generate_stream(
     verifier: Verifier = rejection_verifier,
     draft_seed: int | None = None,
     processor: RowProcessor | None = None,
+    logprobs: LogprobSpec | None = None,
+    prompt_logprobs: int | None = None,
 ) -> Generation:
     """Start generating up to ``max_new_tokens`` after ``prompt_ids``; iterate the returned
     ``Generation`` for one ``Round`` per round, then read ``.result``.
@@ -252,6 +306,13 @@ def generate_stream(
                     logit bias, penalties, a grammar: ``core.processors``), for the target's
                     rows and the draft model's alike; the output has the distribution of
                     plain decoding with the same processor.
+    logprobs:       the log-probability of each generated token and its top alternatives
+                    (``core.logprobs``: raw or processed), from the rows the target's passes
+                    computed (``Round.logprobs``, ``GenerationResult.logprobs``).
+    prompt_logprobs: score the prompt too, with this many alternatives per token (0..20;
+                    raw log-probabilities): the prefill runs from an empty cache in passes of
+                    ``PROMPT_ROWS_PER_PASS`` rows (``GenerationResult.prompt_logprobs``).
+                    max_new_tokens may then be 0: the prompt is scored, nothing generated.
 
     Arguments are checked here, before the first round, so errors surface at the call.
     """
@@ -259,7 +320,10 @@ def generate_stream(
     policy: KPolicy = FixedK(k) if isinstance(k, int) else k
     drafter = as_drafter(draft, target)
     n_ctx = context_limit(target, drafter)
-    validate_request(prompt_ids, max_new_tokens, n_ctx)
+    if prompt_logprobs is not None:
+        check_top(prompt_logprobs, "prompt_logprobs")
+    scoring_only = prompt_logprobs is not None and max_new_tokens == 0
+    validate_request(prompt_ids, 1 if scoring_only else max_new_tokens, n_ctx)
     for t in prompt_ids:
         if not 0 <= int(t) < target.vocab_size:
             raise ConfigError(f"prompt token id {t} outside the vocabulary")
@@ -280,6 +344,8 @@ def generate_stream(
             n_ctx=n_ctx,
             control=control,
             processor=processor,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         ),
         control,
     )

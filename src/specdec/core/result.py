@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from specdec.core.logprobs import TokenLogprob
+
 
 @dataclass(frozen=True)
 class Round:
@@ -23,6 +25,8 @@ class Round:
     t_round: float  # the whole round, the policy's choice of K included
     eos: bool = False  # the round ended at an end-of-sequence token
     source: str | None = None  # where the drafts came from, when the drafter says (Draft.source)
+    # one per token, when the generation asked for them (core.logprobs), from this round's rows
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def n_emitted(self) -> int:
@@ -56,6 +60,16 @@ class GenerationResult:
     t_total: float  # wall time of prefill plus all rounds
     drafter: str = "none"
     extra: dict[str, Any] = field(default_factory=dict)
+    # the prompt's tokens scored when asked (core.logprobs): None for the first, then one per
+    # token, each under the row of the tokens before it
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        """One per generated token, when the generation asked for them (``core.logprobs``)."""
+        if not self.rounds or any(r.logprobs is None for r in self.rounds):
+            return None if self.rounds else []
+        return [lp for r in self.rounds for lp in r.logprobs or ()]
 
     @property
     def n_rounds(self) -> int:

@@ -22,6 +22,7 @@ import time
 import torch
 
 from specdec.core.drafter import Draft, Drafter
+from specdec.core.logprobs import LogprobSpec, TokenLogprob, rows_logprobs
 from specdec.core.model import CausalLM
 from specdec.core.policy import KPolicy
 from specdec.core.processors import RowProcessor, legal_prefix, process_rows
@@ -46,11 +47,14 @@ def speculative_round(
     stopwatch: Stopwatch,
     stop_on_eos: bool,
     processor: RowProcessor | None = None,
+    logprobs: LogprobSpec | None = None,
 ) -> Round:
     """One round. Appends the kept tokens to ``ctx`` (the accepted context) in place and
     returns what it did (``Round``, timed by ``stopwatch``'s sections). ``processor``
     (``core.processors``: a logit bias, penalties, a grammar) changes the target's rows along
-    the draft's path and the draft model's rows as it drafts.
+    the draft's path and the draft model's rows as it drafts. ``logprobs`` (``core.logprobs``)
+    asks for the log-probability of each emitted token and its top alternatives, read from
+    the rows this round's target pass computed (``Round.logprobs``).
 
     Before and after: the target caches ctx[:-1] and the drafter a prefix of ctx.
     """
@@ -77,7 +81,10 @@ def speculative_round(
         logits = target.extend([ctx[-1], *draft.tokens])  # [K+1, V]
     # 4. Decide which drafts are kept and the token after them.
     with stopwatch.section("sampling"):
+        keep_raw = processor is not None and logprobs is not None and logprobs.mode == "raw"
+        raw = logits.clone() if keep_raw else logits  # the rows raw log-probabilities read
         logits = process_rows(processor, ctx, draft.tokens, logits)  # row i: ctx + x_1..x_i
+        p: torch.Tensor | None = None
         if sampling.greedy and keeps_argmax_when_greedy(verifier):  # no rows needed
             n_acc, nxt = greedy_verify(logits, draft.tokens)
         else:
@@ -97,6 +104,10 @@ def speculative_round(
                 emitted, eos = emitted[: j + 1], True
                 break
     emitted = emitted[:remaining]
+    scored: tuple[TokenLogprob, ...] | None = None
+    if logprobs is not None:
+        with stopwatch.section("sampling"):
+            scored = emitted_logprobs(logprobs, raw, logits, p, sampling, emitted)
     ctx.extend(emitted)
     # 7. Roll the drafter back to the accepted context (it catches up next round).
     if drafter is not None and n_acc < k_r:
@@ -113,7 +124,27 @@ def speculative_round(
         t_round=time.perf_counter() - t0,
         eos=eos,
         source=draft.source,
+        logprobs=scored,
     )
+
+
+def emitted_logprobs(
+    spec: LogprobSpec,
+    raw: torch.Tensor,  # [K+1, V] the target's logits as the pass returned them
+    processed: torch.Tensor,  # [K+1, V] after the processor
+    probs: torch.Tensor | None,  # [K+1, V] the rows sampled from (None: greedy, not built)
+    sampling: SamplingConfig,
+    emitted: list[int],
+) -> tuple[TokenLogprob, ...]:
+    """The log-probabilities of the emitted tokens (token i from row i), under the raw rows
+    or under the distribution each was drawn from (``core.logprobs``)."""
+    if spec.mode == "raw":
+        return rows_logprobs(raw, emitted, spec.top)
+    if probs is None:  # greedy: the one-hot rows of the argmax, built for these rows only
+        probs = logits_to_probs(processed[: len(emitted)], sampling)
+    with torch.no_grad():
+        logs = torch.log(probs[: len(emitted)])  # [n, V], -inf where ruled out
+    return rows_logprobs(logs, emitted, spec.top)
 
 
 def clamp_k(k: int, remaining: int, n_ctx: int, n_context: int) -> int:

@@ -24,6 +24,20 @@ with few repeats those long exploring drafts set the planner's worst case
 went from 0.94x / 0.90x of plain decoding to 0.99x / 0.97x, the geometric means from
 1.036x / 1.083x to 1.044x / 1.081x).
 
+Every draft is also bounded by a regret budget (``EXPLORE_BUDGET``): it is cut to the longest
+length whose worst case (all of it rejected) keeps what this generation's drafts have cost,
+net (each round's seconds minus what plain steps would have taken for the tokens it
+emitted), within ``EXPLORE_BUDGET`` of the plain-decoding time of the tokens generated so
+far, counting ``EXPLORE_CREDIT`` tokens up front. A draft that pays earns credit, so a real
+copy soon drafts at full length; on text where drafts do not pay the generation cannot fall
+more than about that fraction (plus one draft) below plain decoding, whatever the priors,
+the learned rates or the verify curve. On a steep verify curve (verify(2) about two steps)
+the priors' and learned rates' losing drafts on fresh text had put outputs 5-10 % below plain
+decoding (issue 61). Replayed on the greedy traces (``benchmarks/planner_replay.py``, 45
+outputs), the worst output of 48+ tokens went from 0.950x to 0.983x of plain decoding on a
+steep curve and from 0.956x to 0.975x on this machine's measured one, geometric means 1.022x
+to 1.017x and 1.065x to 1.065x.
+
 Everything the planner learns comes from the accepted context (how much of the previous
 draft the context kept), never from timings: a fixed seed gives a fixed output and a fixed
 trace of draft lengths. Cutting a draft short never changes what the target emits (the
@@ -58,6 +72,11 @@ EXPLORE_TRIALS = 4  # below this many first-token trials, judge a bucket optimis
 # the longest draft that only that optimism justifies (an exploring draft tests the first
 # token's rate, the one judged optimistically; a rejected one costs verify(1 + this) - verify(1))
 EXPLORE_LEN = 1
+# drafts may cost at most this fraction of the plain-decoding time of the tokens generated so
+# far (net of what they earn), counting EXPLORE_CREDIT tokens up front (a one-token draft on a
+# steep curve at the start of a generation); chosen on the replayed traces (see above)
+EXPLORE_BUDGET = 0.01
+EXPLORE_CREDIT = 100
 
 
 def bucket_of(match_len: int) -> int:
@@ -198,15 +217,23 @@ class PlannedSuffixDrafter:
     """
 
     def __init__(
-        self, inner: SuffixDrafter, costs: Costs, *, explore_len: int | None = EXPLORE_LEN
+        self,
+        inner: SuffixDrafter,
+        costs: Costs,
+        *,
+        explore_len: int | None = EXPLORE_LEN,
+        explore_budget: float | None = EXPLORE_BUDGET,
     ) -> None:
         if not isinstance(inner, SuffixDrafter):
             raise ConfigError("the cost-aware planner needs a suffix drafter")
         if explore_len is not None and explore_len < 1:
             raise ConfigError(f"explore_len must be >= 1 or None, got {explore_len}")
+        if explore_budget is not None and not 0.0 <= explore_budget < 1.0:
+            raise ConfigError(f"explore_budget must be in [0, 1) or None, got {explore_budget}")
         self.inner = inner
         self.costs = costs
         self.explore_len = explore_len
+        self.explore_budget = explore_budget  # None: drafts unbounded in total
         self.name = f"{inner.name}-planned"
         self.reset()
 
@@ -216,6 +243,7 @@ class PlannedSuffixDrafter:
         self._prompt: int | None = None  # the prompt's length (the first context proposed on)
         # (context len, source, match, draft) of the draft not yet settled
         self._pending: tuple[int, str, int, list[int]] | None = None
+        self.regret_s = 0.0  # what this generation's drafts cost over plain steps, net
 
     def prefill(self, context: Sequence[int]) -> None:
         self.inner.prefill(context)
@@ -233,7 +261,25 @@ class PlannedSuffixDrafter:
                 break
             kept += 1
         self.planners[source].observe(match_len, len(draft), kept)
+        c = self.costs  # the round against the plain steps of the tokens it emitted
+        self.regret_s += c.round_seconds(len(draft)) - (kept + 1) * c.round_seconds(0)
         self._pending = None
+
+    def budget_length(self, context_len: int, wanted: int) -> int:
+        """The longest draft, at most ``wanted``, that fits the regret budget: what this
+        generation's drafts cost so far, net, plus this one's worst case (all of it rejected)
+        within ``explore_budget`` of plain decoding's time for the tokens generated so far
+        (and ``EXPLORE_CREDIT`` more)."""
+        if self.explore_budget is None:
+            return wanted
+        c = self.costs
+        generated = context_len - (self._prompt if self._prompt is not None else context_len)
+        allowance = self.explore_budget * c.round_seconds(0) * (generated + EXPLORE_CREDIT)
+        room = allowance - self.regret_s
+        n = wanted
+        while n > 0 and c.round_seconds(n) - c.round_seconds(0) > room:
+            n -= 1
+        return n
 
     def rollback(self, context: Sequence[int]) -> None:
         self._settle(context)
@@ -257,7 +303,8 @@ class PlannedSuffixDrafter:
         match_len = self.inner.last_match_len
         src = self.inner.last_source
         source = COPY if src is not None and src < self._prompt else REPEAT
-        keep = self.planners[source].length(match_len, len(draft.tokens))
+        planner = self.planners[source]
+        keep = self.budget_length(len(context), planner.length(match_len, len(draft.tokens)))
         tokens = draft.tokens[:keep]
         if tokens:
             self._pending = (len(context), source, match_len, tokens)

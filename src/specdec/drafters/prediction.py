@@ -153,6 +153,24 @@ class PredictionDrafter:
         then reports accepted / rejected prediction tokens, ``prediction_tokens``)."""
         return {"prediction_tokens": len(self.index)}
 
+    def begin(self, prompt: Sequence[int]) -> None:
+        """The output starts after ``prompt``. For an engine whose first proposal for a request
+        comes after its first output token (vLLM drafts after each step's sampling, so its
+        first context is the prompt and one token): without this call, the first context
+        given is taken for the prompt. Call it before the first ``propose``."""
+        assert self._start is None, "begin() comes before the first propose"
+        self._start = self._seen = len(prompt)
+
+    def set_costs(self, costs: Costs) -> None:
+        """Size the next drafts by ``costs`` (an engine whose cost per pass changes with its
+        batch); what the planners learned about acceptance is kept (a drafter made without
+        costs gets its planners now)."""
+        self.costs = costs
+        if self.planners is None:
+            self.planners = prediction_planners(costs)
+        for planner in self.planners.values():
+            planner.costs = costs
+
     def prefill(self, context: Sequence[int]) -> None:
         if self.fallback is not None:
             self.fallback.prefill(context)

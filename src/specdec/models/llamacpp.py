@@ -223,6 +223,19 @@ class LlamaCppTokenizer:
         return encode_chat(self, messages, parse_special=parse_special)
 
 
+def end_of_generation_ids(llama_cpp: Any, vocab: Any) -> frozenset[int]:
+    """Every token the model declares end-of-generation (``llama_vocab_is_eog``: its EOS and
+    EOT, and the control tokens llama.cpp's vocabulary loader adds to that set, such as
+    ``<|endoftext|>`` and ``<|file_sep|>`` beside ``<|im_end|>`` for Qwen2.5): the set at
+    which llama.cpp's own loops stop. One call per vocabulary entry (0.2 s for 151,936 ids
+    here), once per load."""
+    n = int(llama_cpp.llama_vocab_n_tokens(vocab))
+    is_eog = llama_cpp.llama_vocab_is_eog
+    ids = {t for t in range(n) if is_eog(vocab, t)}
+    eos = {int(llama_cpp.llama_vocab_eos(vocab)), int(llama_cpp.llama_vocab_eot(vocab))}
+    return frozenset(ids | {t for t in eos if 0 <= t < n})
+
+
 def physical_memory() -> int | None:
     """Bytes of RAM on this machine (None where the OS does not say)."""
     try:
@@ -387,9 +400,7 @@ class LlamaCppLM:
         self.vocab_size = int(self.llm.n_vocab())
         self.n_batch = int(self.llm.n_batch)
         self._tokenizer = LlamaCppTokenizer(self.llm)
-        eot = llama_cpp.llama_vocab_eot(self._tokenizer.vocab)
-        eos = {int(self.llm.token_eos()), int(eot)}
-        self.eos_token_ids = frozenset(t for t in eos if t >= 0)
+        self.eos_token_ids = end_of_generation_ids(llama_cpp, self._tokenizer.vocab)
         self._tokens: list[int] = []
         # snapshots of earlier prompts' caches (0 bytes: none kept)
         self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes else None

@@ -52,6 +52,9 @@ class MockSpec:
     noise: float = 0.0
     n_ctx: int = 4096
     eos_token_id: int = MockTokenizer.EOS
+    # more end-of-generation ids (as llama.cpp's EOG set and a generation config may list
+    # several): generation stops at any of them
+    more_eos: tuple[int, ...] = ()
     # Gaussians are drawn at this length and cut to vocab_size (0: vocab_size), so models of
     # different vocabulary sizes (padded pairs) can share their first ids' logits.
     draw_vocab: int = 0
@@ -76,7 +79,7 @@ class MockLM:
         s = self.spec
         self.vocab_size = s.vocab_size
         self.n_ctx = s.n_ctx
-        self.eos_token_ids = frozenset({s.eos_token_id})
+        self.eos_token_ids = frozenset({s.eos_token_id, *s.more_eos})
         self._tokenizer = MockTokenizer(s.vocab_size)
         self._tokens: list[int] = []
         self._keys: list[tuple[int, ...]] = []  # the cached "KV": one window key per position

@@ -20,6 +20,7 @@ is not a verdict (damaged, another version) is ignored and the decision made aga
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,7 +158,8 @@ def default_key(model: str, n_threads: int | None, lib_sha256: str, version: int
     settings = {
         "kind": "exact-default",
         "format": FORMAT,
-        "n_threads": n_threads,
+        # None runs on every core (models.llamacpp): one decision for both spellings
+        "n_threads": n_threads or max(1, os.cpu_count() or 1),
         "lib": lib_sha256,
         "row_invariant": version,
         "max_cost": DEFAULT_MAX_COST,
@@ -178,8 +180,15 @@ def exact_default(
     identity: tuple[str, int] | None = None,
 ) -> ExactDefault:
     """The decision for the GGUF at ``path`` (``model``: its store name or path, for the key):
-    cached, else made now (``log`` hears it once, with the figures when measured). ``measure``
-    and ``identity`` replace the measurement and the build's identity (tests)."""
+    cached, else made now (``log`` hears it once, with the figures when measured). A "no"
+    measured while other processes kept the machine busy (``util.cpuload``: their share of
+    the CPUs over the measurement, the measurement's own worker processes not counted, above
+    ``$SPECDEC_BUSY_SHARE``, a quarter by default) serves this run and is not cached: a busy
+    machine's noise exceeds the 3 % rule's margin, and a cached no would cost the user
+    exactness for good; it is measured again at the next use. A "yes" is cached however busy
+    the machine was (its error costs speed, not exactness), and so is a build's failure to
+    run them. A cache that cannot be written leaves the decision to this run, in one line.
+    ``measure`` and ``identity`` replace the measurement and the build's identity (tests)."""
     ident = identity if identity is not None else build_identity()
     if ident is None:
         return ExactDefault(False, "exact numerics: llama-cpp-python is not installed")
@@ -188,7 +197,6 @@ def exact_default(
     hit = _cached(key, log)
     if hit is not None:
         return hit
-    share: float | None = None
     if version <= 0:
         decision = ExactDefault(False, NO_MODE)
     else:
@@ -204,15 +212,18 @@ def exact_default(
                 False,
                 f"exact numerics are not the default here: they failed to run ({printable(e)})",
             )
-        share = cpuload.others_share(before, cpuload.sample())
+        else:
+            share = cpuload.others_share(before, cpuload.sample())
+            if not decision.exact and cpuload.under_load(share):
+                assert share is not None
+                log(decision.reason)
+                log(
+                    f"(measured while the machine was busy: other processes used {share:.0%} "
+                    "of the CPUs; this no serves this run, is not cached and is measured "
+                    "again at the next use)"
+                )
+                return decision
     log(decision.reason)
-    if cpuload.under_load(share):  # a price measured beside another job is that job's
-        assert share is not None
-        log(
-            f"other processes used {share:.0%} of the CPUs while exact numerics were priced: "
-            "the decision serves this run and is not cached (decided again next time)"
-        )
-        return decision
     try:
         cache.save(key, decision.to_dict())
     except (OSError, SpecdecError) as e:  # decided for this run; said once, in one line

@@ -2,6 +2,8 @@
 
     POST /v1/completions       text (or token ids) in, text out; ``stream: true`` for SSE
     POST /v1/chat/completions  messages through the target's chat template
+    POST /tokenize, /detokenize  text <-> token ids (vLLM's shapes, llama-server's names too)
+    GET  /tokenizer_info       the end and start tokens, chat template, window (vLLM's)
     GET  /v1/models            the one served model
     GET  /health               liveness and queue depth (no API key needed)
     GET  /metrics              Prometheus text (docs/serve.md lists the series)
@@ -29,11 +31,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from specdec.api import Pair
-from specdec.completion import Completion
 from specdec.core.model import CausalLM
 from specdec.core.result import GenerationResult
 from specdec.errors import SpecdecError
 from specdec.pairs import pair_context_limit
+from specdec.prompting import check_text, encode_text
 from specdec.request import GenerationRequest
 from specdec.serve.admission import (
     Admission,
@@ -45,18 +47,23 @@ from specdec.serve.admission import (
     watched,
 )
 from specdec.serve.engine import Engine, Failed, Finished, Job, QueueFull, ShuttingDown
-from specdec.serve.errors import APIError, error_response, validation_error
+from specdec.serve.errors import APIError, FieldError, error_response, validation_error
 from specdec.serve.generation import (
+    ChoiceResult,
+    Piece,
     ServeSettings,
+    Wire,
     chat_prompt,
+    merged,
     openai_finish_reason,
-    plan,
+    plan_choices,
     prediction_ids,
     text_prompt,
     timings,
     usage,
     work,
 )
+from specdec.serve.logprobs import WireToken, chat_shape, completion_shape
 from specdec.serve.metrics import ServerMetrics
 from specdec.serve.middleware import BodyLimit, CountRequests
 from specdec.serve.schemas import (
@@ -70,15 +77,26 @@ from specdec.serve.schemas import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
     GenerationFields,
     ModelCard,
     ModelList,
     Timings,
+    TokenizeRequest,
     Usage,
 )
 from specdec.util.credentials import check_api_key
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/tokenize",
+    "/detokenize",
+    "/tokenizer_info",
+)
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
 PING_S = 15.0  # a stream with nothing to send for this long sends a comment (kept alive)
 SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -110,10 +128,52 @@ class _State:
     token_chars: int  # the most characters one token of the target decodes to
     tokenize_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def completion_ids(self, req: CompletionRequest, turn: Turn) -> list[int]:
-        """A prompt's ids; tokenizer calls one request at a time (a transformers tokenizer may
-        reconfigure itself inside a call; decoding on the worker thread only reads it)."""
-        return text_prompt(self.pair, req, turn, self.config.settings.parse_special)
+    def completion_ids(self, req: CompletionRequest, turn: Turn) -> list[list[int]]:
+        """The prompts' ids; tokenizer calls one request at a time (a transformers tokenizer
+        may reconfigure itself inside a call; decoding on the worker thread only reads it)."""
+        special = self.config.settings.parse_special
+        return [text_prompt(self.pair, req, turn, special, p) for p in req.prompts()]
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        """``/tokenize``: the ids a completions prompt of ``text`` gets (special-token text
+        is text unless the server parses it), under the tokenizer's lock."""
+        try:
+            check_text(text, "the prompt")
+        except SpecdecError as e:
+            raise FieldError("prompt", str(e)) from e
+        with self.tokenize_lock:
+            return encode_text(
+                self.pair.target,
+                text,
+                add_special_tokens=add_special,
+                parse_special=self.config.settings.parse_special,
+            )
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's ``/tokenizer_info`` fields that clients read (lm-eval's remote tokenizer):
+        the end and start tokens' texts, the chat template, the context window."""
+        target = self.pair.target
+        tok = target.tokenizer
+        with self.tokenize_lock:
+            names: dict[str, Any] = getattr(tok, "chat_variables", dict)()
+            eos = names.get("eos_token") or tok.decode([min(target.eos_token_ids)])
+            bos = names.get("bos_token") or None
+        return {
+            "eos_token": eos,
+            "bos_token": bos,
+            "pad_token": None,
+            "chat_template": getattr(tok, "chat_template", None),
+            "model_max_length": pair_context_limit(self.pair.draft, target),
+        }
+
+    def detokenize(self, ids: list[int]) -> str:
+        vocab = self.pair.target.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise FieldError("tokens", f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        with self.tokenize_lock:
+            text: str = self.pair.target.tokenizer.decode(ids)
+        return text
 
     def chat_ids(self, req: ChatRequest, turn: Turn) -> list[int]:
         """The messages' ids: the template renders outside the lock (in a worker process),
@@ -133,16 +193,22 @@ class _State:
         if isinstance(req, ChatRequest):
             chars = sum(len(m.text()) for m in req.messages)
             text_bound(chars, n_ctx, self.token_chars, "messages")
-        elif isinstance(req, CompletionRequest) and isinstance(req.prompt, str):
-            text_bound(len(req.prompt), n_ctx, self.token_chars, "prompt")
+        elif isinstance(req, CompletionRequest):
+            for one in req.prompts():  # each prompt is a choice group's own context
+                if isinstance(one, str):
+                    text_bound(len(one), n_ctx, self.token_chars, "prompt")
         if req.prediction is not None:  # more than any output could be
             text_bound(len(req.prediction.text()), n_ctx, self.token_chars, "prediction")
 
     async def prepared(
-        self, req: GenerationFields, request: Request, encode: Callable[[Turn], list[int]]
-    ) -> tuple[list[int], list[int]] | None:
-        """(prompt ids, prediction ids), tokenized off the event loop in the tokenizer's
-        turn; None when the client left before either was tokenized or before queueing."""
+        self,
+        req: GenerationFields,
+        request: Request,
+        encode: Callable[[Turn], list[list[int]]],
+    ) -> tuple[list[list[int]], list[int]] | None:
+        """(each prompt's ids, prediction ids), tokenized off the event loop in the
+        tokenizer's turn; None when the client left before either was tokenized or before
+        queueing."""
         self.check_sizes(req)
         async with watched(request.is_disconnected) as gone:
             turn = Turn(self.tokenize_lock, gone)
@@ -208,22 +274,43 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
     @app.post("/v1/completions", dependencies=[Depends(auth)], response_model=None)
     async def completions(req: CompletionRequest, request: Request) -> Response:
         _check_model(req, config)
+        req.check()  # before any tokenizing
         got = await state.prepared(req, request, lambda turn: state.completion_ids(req, turn))
         if got is None:
             return Response(status_code=499)  # the client left: nothing tokenized or queued
         ids, pred = got
-        params = plan(pair, req, ids, config.settings, pred)
-        return await _respond(state, req, params, request, chat=False)
+        params = plan_choices(pair, req, ids, config.settings, pred)
+        wire = Wire(req.echo, req.return_tokens_as_token_ids, req.prompt_logprobs)
+        return await _respond(state, req, params, request, chat=False, wire=wire)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
     async def chat_completions(req: ChatRequest, request: Request) -> Response:
         _check_model(req, config)
-        got = await state.prepared(req, request, lambda turn: state.chat_ids(req, turn))
+        req.check()
+        got = await state.prepared(req, request, lambda turn: [state.chat_ids(req, turn)])
         if got is None:
             return Response(status_code=499)
         ids, pred = got
-        params = plan(pair, req, ids, config.settings, pred)
-        return await _respond(state, req, params, request, chat=True)
+        params = plan_choices(pair, req, ids, config.settings, pred)
+        wire = Wire(False, req.return_tokens_as_token_ids, req.prompt_logprobs)
+        return await _respond(state, req, params, request, chat=True, wire=wire)
+
+    @app.post("/tokenize", dependencies=[Depends(auth)], response_model=None)
+    async def tokenize(req: TokenizeRequest) -> Response:
+        _check_model(req, config)
+        ids = await asyncio.to_thread(state.tokenize, req.text(), req.special())
+        n_ctx = pair_context_limit(pair.draft, pair.target)
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": n_ctx})
+
+    @app.get("/tokenizer_info", dependencies=[Depends(auth)], response_model=None)
+    async def tokenizer_info() -> Response:
+        return JSONResponse(await asyncio.to_thread(state.tokenizer_info))
+
+    @app.post("/detokenize", dependencies=[Depends(auth)], response_model=None)
+    async def detokenize(req: DetokenizeRequest) -> Response:
+        _check_model(req, config)
+        text = await asyncio.to_thread(state.detokenize, req.tokens)
+        return JSONResponse({"prompt": text, "content": text})
 
     def record(path: str, status: int) -> None:
         state.metrics.request(path if path in ENDPOINTS else "other", status)
@@ -288,7 +375,9 @@ def _auth_dependency(api_key: str | None) -> Callable[[Request], Awaitable[None]
     return check
 
 
-def _check_model(req: GenerationFields, config: ServeConfig) -> None:
+def _check_model(
+    req: GenerationFields | TokenizeRequest | DetokenizeRequest, config: ServeConfig
+) -> None:
     name = config.settings.model_name
     if req.model not in (None, "", name):
         raise APIError(
@@ -299,12 +388,13 @@ def _check_model(req: GenerationFields, config: ServeConfig) -> None:
         )
 
 
-def _submit(state: _State, params: GenerationRequest, stream: bool) -> Job:
+def _submit(state: _State, params: list[GenerationRequest], stream: bool, wire: Wire) -> Job:
     job_work = work(
         state.pair,
         params,
         stream_text=stream,
         on_result=state.metrics.generation,
+        wire=wire,
     )
     try:
         return state.engine.submit(job_work)
@@ -320,17 +410,24 @@ def _submit(state: _State, params: GenerationRequest, stream: bool) -> Job:
 
 
 async def _respond(
-    state: _State, req: GenerationFields, params: GenerationRequest, request: Request, *, chat: bool
+    state: _State,
+    req: GenerationFields,
+    params: list[GenerationRequest],
+    request: Request,
+    *,
+    chat: bool,
+    wire: Wire,
 ) -> Response:
-    job = _submit(state, params, req.stream)
+    job = _submit(state, params, req.stream, wire)
     ids = _Ids(
         id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
         created=int(time.time()),
         model=state.config.settings.model_name,
     )
+    n_prompt = _prompt_tokens(params, req.n)
     if req.stream:
         include_usage = req.stream_options is not None and req.stream_options.include_usage
-        events = _sse(job, ids, chat=chat, include_usage=include_usage)
+        events = _sse(job, ids, chat=chat, include_usage=include_usage, n_prompt=n_prompt)
         # Starlette's own streaming response: it stops the stream when the client leaves, and
         # nothing else (sse-starlette's cut every stream at a shutdown signal, without [DONE])
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -348,10 +445,15 @@ async def _respond(
                 break
     finally:
         job.cancel()  # no-op when finished; stops the generation when the client left
-    completion: Completion | None = message.value
-    if completion is None:  # cancelled by a shutdown
+    choices: list[ChoiceResult] | None = message.value
+    if choices is None:  # cancelled by a shutdown
         raise APIError(503, SHUT_DOWN, code="shutting_down")
-    return JSONResponse(_final_body(completion, ids, chat=chat))
+    return JSONResponse(_final_body(choices, ids, chat=chat, n_prompt=n_prompt))
+
+
+def _prompt_tokens(params: list[GenerationRequest], n: int) -> int:
+    """Prompt tokens of a request: each prompt once, however many choices it has."""
+    return sum(len(p.prompt) for p in params[::n] if isinstance(p.prompt, tuple))
 
 
 @dataclass(frozen=True)
@@ -361,19 +463,58 @@ class _Ids:
     model: str
 
 
-def _final_body(c: Completion, ids: _Ids, *, chat: bool) -> dict[str, Any]:
-    res = c.result
-    reason = openai_finish_reason(res.finish_reason)
-    u, t = _stats(res)
+def _logprobs_block(tokens: list[WireToken] | None, *, chat: bool) -> dict[str, Any] | None:
+    if tokens is None:
+        return None
+    return chat_shape(tokens) if chat else completion_shape(tokens)
+
+
+def _final_body(
+    choices: list[ChoiceResult], ids: _Ids, *, chat: bool, n_prompt: int
+) -> dict[str, Any]:
+    results = [c.completion.result for c in choices]
+    u, t = _stats(merged(results), n_prompt)
+    envelope: ChatResponse | CompletionResponse
     if chat:
-        choice = ChatChoice(message=AssistantMessage(content=c.text), finish_reason=reason)
-        return ChatResponse(
-            id=ids.id, created=ids.created, model=ids.model, choices=[choice], usage=u, timings=t
-        ).model_dump()
-    text = CompletionChoice(text=c.text, finish_reason=reason)
-    return CompletionResponse(
-        id=ids.id, created=ids.created, model=ids.model, choices=[text], usage=u, timings=t
-    ).model_dump()
+        envelope = ChatResponse(
+            id=ids.id,
+            created=ids.created,
+            model=ids.model,
+            choices=[
+                ChatChoice(
+                    index=c.index,
+                    message=AssistantMessage(content=c.text),
+                    logprobs=_logprobs_block(c.logprobs, chat=True),  # type: ignore[arg-type]
+                    finish_reason=openai_finish_reason(c.completion.finish_reason),
+                )
+                for c in choices
+            ],
+            usage=u,
+            timings=t,
+        )
+    else:
+        envelope = CompletionResponse(
+            id=ids.id,
+            created=ids.created,
+            model=ids.model,
+            choices=[
+                CompletionChoice(
+                    index=c.index,
+                    text=c.text,
+                    logprobs=_logprobs_block(c.logprobs, chat=False),  # type: ignore[arg-type]
+                    finish_reason=openai_finish_reason(c.completion.finish_reason),
+                    prompt_logprobs=c.prompt_logprobs,
+                )
+                for c in choices
+            ],
+            usage=u,
+            timings=t,
+        )
+    body = envelope.model_dump()
+    for choice in body["choices"]:  # vLLM's field only where it was asked for
+        if choice.get("prompt_logprobs", 0) is None:
+            del choice["prompt_logprobs"]
+    return body
 
 
 def _chunk(
@@ -381,17 +522,28 @@ def _chunk(
     *,
     chat: bool,
     text: str | None,
+    index: int = 0,
     role: Literal["assistant"] | None = None,
     finish_reason: str | None = None,
     result: GenerationResult | None = None,
+    n_prompt: int | None = None,
     with_choice: bool = True,
+    logprobs: list[WireToken] | None = None,
 ) -> str:
     """One SSE data payload in OpenAI's chunk format (statistics on the last chunks)."""
-    u, t = _stats(result) if result is not None else (None, None)
+    u, t = _stats(result, n_prompt) if result is not None else (None, None)
+    block = _logprobs_block(logprobs, chat=chat)
     envelope: ChatChunk | CompletionResponse
     if chat:
         delta = ChatDelta(role=role, content=text)
-        choices = [ChatChunkChoice(delta=delta, finish_reason=finish_reason)]
+        choices = [
+            ChatChunkChoice(
+                index=index,
+                delta=delta,
+                logprobs=block,  # type: ignore[arg-type]
+                finish_reason=finish_reason,
+            )
+        ]
         envelope = ChatChunk(
             id=ids.id,
             created=ids.created,
@@ -401,7 +553,14 @@ def _chunk(
             timings=t,
         )
     else:
-        texts = [CompletionChoice(text=text or "", finish_reason=finish_reason)]
+        texts = [
+            CompletionChoice(
+                index=index,
+                text=text or "",
+                logprobs=block,  # type: ignore[arg-type]
+                finish_reason=finish_reason,
+            )
+        ]
         envelope = CompletionResponse(
             id=ids.id,
             created=ids.created,
@@ -416,8 +575,8 @@ def _chunk(
     return json.dumps(body)
 
 
-def _stats(result: GenerationResult) -> tuple[Usage, Timings]:
-    return Usage.model_validate(usage(result)), Timings.model_validate(timings(result))
+def _stats(result: GenerationResult, n_prompt: int | None = None) -> tuple[Usage, Timings]:
+    return Usage.model_validate(usage(result, n_prompt)), Timings.model_validate(timings(result))
 
 
 def _event(data: str) -> str:
@@ -437,22 +596,46 @@ def _error_event(message: str, *, status: int, code: str | None = None) -> str:
     return _event(json.dumps(body))
 
 
-async def _sse(job: Job, ids: _Ids, *, chat: bool, include_usage: bool) -> AsyncIterator[str]:
-    """OpenAI chunks: a role chunk (chat), text chunks as rounds are accepted, a final chunk
-    with the finish reason (and the statistics), then ``[DONE]``; a failure or a shutdown
-    ends it with an error event, then ``[DONE]``. A client that goes away cancels the
-    generation (Starlette cancels this generator; ``finally`` tells the job)."""
+async def _sse(
+    job: Job, ids: _Ids, *, chat: bool, include_usage: bool, n_prompt: int
+) -> AsyncIterator[str]:
+    """OpenAI chunks: a role chunk per choice (chat), text chunks as rounds are accepted,
+    a chunk with each choice's finish reason (the last with the statistics of all), then
+    ``[DONE]``; choices come one after another, each chunk naming its index. A failure or a
+    shutdown ends it with an error event, then ``[DONE]``. A client that goes away cancels
+    the generation (Starlette cancels this generator; ``finally`` tells the job)."""
     try:
-        if chat:
-            yield _event(_chunk(ids, chat=True, text="", role="assistant"))
+        started: set[int] = set()
+        done: list[ChoiceResult] = []
         while True:
             try:
                 message = await asyncio.wait_for(job.next(), PING_S)
             except TimeoutError:
                 yield ": ping\n\n"  # a comment: clients skip it, proxies see traffic
                 continue
-            if isinstance(message, str):
-                yield _event(_chunk(ids, chat=chat, text=message))
+            if isinstance(message, Piece):
+                if chat and message.index not in started:
+                    started.add(message.index)
+                    yield _event(
+                        _chunk(ids, chat=True, text="", role="assistant", index=message.index)
+                    )
+                yield _event(
+                    _chunk(
+                        ids,
+                        chat=chat,
+                        text=message.text,
+                        index=message.index,
+                        logprobs=message.logprobs,
+                    )
+                )
+                continue
+            if isinstance(message, ChoiceResult):
+                if chat and message.index not in started:  # a choice without any text
+                    started.add(message.index)
+                    yield _event(
+                        _chunk(ids, chat=True, text="", role="assistant", index=message.index)
+                    )
+                done.append(message)
                 continue
             if isinstance(message, Failed):
                 err = message.error
@@ -463,16 +646,31 @@ async def _sse(job: Job, ids: _Ids, *, chat: bool, include_usage: bool) -> Async
                 yield _event("[DONE]")
                 return
             assert isinstance(message, Finished)
-            completion: Completion | None = message.value
-            if completion is None:  # cancelled by a shutdown (queued, or past the drain)
+            if message.value is None:  # cancelled by a shutdown (queued, or past the drain)
                 yield _error_event(SHUT_DOWN, status=503, code="shutting_down")
                 yield _event("[DONE]")
                 return
-            res = completion.result
-            reason = openai_finish_reason(res.finish_reason)
-            yield _event(_chunk(ids, chat=chat, text=None, finish_reason=reason, result=res))
+            res = merged([c.completion.result for c in done])
+            for j, c in enumerate(done):
+                reason = openai_finish_reason(c.completion.finish_reason)
+                last = j == len(done) - 1
+                yield _event(
+                    _chunk(
+                        ids,
+                        chat=chat,
+                        text=None,
+                        index=c.index,
+                        finish_reason=reason,
+                        result=res if last else None,
+                        n_prompt=n_prompt,
+                    )
+                )
             if include_usage:  # OpenAI's usage-only chunk
-                yield _event(_chunk(ids, chat=chat, text=None, result=res, with_choice=False))
+                yield _event(
+                    _chunk(
+                        ids, chat=chat, text=None, result=res, n_prompt=n_prompt, with_choice=False
+                    )
+                )
             yield _event("[DONE]")
             return
     finally:

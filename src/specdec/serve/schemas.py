@@ -2,9 +2,12 @@
 
 Bounds live on the fields so that a bad value is reported with the field's name (HTTP 400);
 they are the CLI's rules (K >= 0, temperature >= 0, 0 < top_p <= 1, top_k >= 0, seeds below
-2^63). Fields other servers accept and specdec does not implement are rejected when they ask
-for something (``logprobs: 5``), and ignored when they carry their neutral value; unknown
-fields are ignored, as OpenAI's own server does for forward compatibility.
+2^63), OpenAI's (top_logprobs 0..20, logit_bias values in [-100, 100], presence and frequency
+penalties in [-2, 2]) and vLLM's (repetition_penalty, prompt_logprobs,
+return_tokens_as_token_ids, logprobs_mode). Fields other servers accept and specdec does not
+implement are rejected when they ask for something (``best_of: 2``), and ignored when they
+carry their neutral value; unknown fields are ignored, as OpenAI's own server does for forward
+compatibility.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from specdec.serve.errors import FieldError
 from specdec.util.bounds import SEED_LIMIT  # as the CLI
 
 MAX_STOPS = 4  # OpenAI's limit
+MAX_CHOICES = 16  # choices per request: n times the prompts of a completions request
+MAX_TOP = 20  # OpenAI's bound on top_logprobs (vLLM's default --max-logprobs)
 
 StopField = Annotated[
     str | list[str] | None,
@@ -62,14 +67,11 @@ class StreamOptions(BaseModel):
 # Neutral values of OpenAI fields specdec does not implement: anything else is a 400.
 UNSUPPORTED: Mapping[str, tuple[Any, ...]] = MappingProxyType(
     {
-        "logprobs": (None, False, 0),
-        "top_logprobs": (None, 0),
-        "echo": (None, False),
         "best_of": (None, 1),
         "suffix": (None, ""),
-        "logit_bias": (None, {}),
-        "presence_penalty": (None, 0, 0.0),
-        "frequency_penalty": (None, 0, 0.0),
+        # llama-server's name: it penalises the last 64 tokens only; specdec's is vLLM's
+        # repetition_penalty over the prompt and the output
+        "repeat_penalty": (None, 1, 1.0),
         "tools": (None, []),
         "functions": (None, []),
         "response_format": (None, {"type": "text"}),
@@ -79,7 +81,15 @@ UNSUPPORTED: Mapping[str, tuple[Any, ...]] = MappingProxyType(
 # What OpenAI documents as unsupported together with ``prediction`` beyond UNSUPPORTED (which
 # is refused anyway): the field and its neutral values.
 NOT_WITH_PREDICTION: Mapping[str, tuple[Any, ...]] = MappingProxyType(
-    {"max_completion_tokens": (None,)}
+    {
+        "max_completion_tokens": (None,),
+        "n": (1,),
+        "logprobs": (None, False),
+        "top_logprobs": (None,),
+        "logit_bias": (None, {}),
+        "presence_penalty": (0.0,),
+        "frequency_penalty": (0.0,),
+    }
 )
 
 
@@ -95,14 +105,34 @@ class GenerationFields(BaseModel):
     top_k: int = Field(default=0, ge=0, description="extension: 0 disables")
     seed: int | None = Field(default=None, ge=0, lt=SEED_LIMIT)
     stop: StopField
-    n: int = Field(default=1, ge=1, le=1, description="only one choice per request")
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES, description="choices, one after another")
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculative: Speculative | None = None
     speculative_n_max: int | None = Field(default=None, alias="speculative.n_max", ge=0, le=64)
     prediction: PredictionContent | None = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0, allow_inf_nan=False)
+    # vLLM's extensions: the prompt's tokens scored, token ids as token texts, which
+    # distribution log-probabilities are of (specdec.core.logprobs)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+    return_tokens_as_token_ids: bool = False
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] | None = None
 
-    @field_validator("temperature", "top_p", "top_k", "n", "stream", mode="before")
+    @field_validator(
+        "temperature",
+        "top_p",
+        "top_k",
+        "n",
+        "stream",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "return_tokens_as_token_ids",
+        mode="before",
+    )
     @classmethod
     def _null_is_the_default(cls, v: Any, info: ValidationInfo) -> Any:
         """Clients that send every field send null for "unset"."""
@@ -118,6 +148,22 @@ class GenerationFields(BaseModel):
             raise ValueError("a stop string is empty")
         return items
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        """Token ids as keys (decimal strings, as JSON writes them), values in [-100, 100];
+        the vocabulary's bound is checked where the model is known."""
+        for key, value in (v or {}).items():
+            if not key.isdigit() or len(key) > 9:
+                raise ValueError(f"{key[:20]!r} is not a token id")
+            if not -100.0 <= value <= 100.0:  # NaN fails too
+                raise ValueError(f"the value for token {key} is outside [-100, 100]")
+        return v
+
+    def top_logprobs_wanted(self) -> int | None:
+        """Alternatives per generated token when log-probabilities are asked for, else None."""
+        return None
+
     def check(self) -> None:
         """Raise ``FieldError`` for a field that asks for something specdec does not do."""
         for name, value in (self.model_extra or {}).items():
@@ -127,9 +173,8 @@ class GenerationFields(BaseModel):
         if self.prediction is not None:
             for name, neutral in NOT_WITH_PREDICTION.items():
                 if getattr(self, name, None) not in neutral:
-                    raise FieldError(
-                        name, f"{name} cannot be used with prediction (use max_tokens)"
-                    )
+                    how = " (use max_tokens)" if name == "max_completion_tokens" else ""
+                    raise FieldError(name, f"{name} cannot be used with prediction{how}")
 
     def wanted_tokens(self) -> int | None:
         return self.max_tokens
@@ -142,18 +187,49 @@ class GenerationFields(BaseModel):
 
 
 class CompletionRequest(GenerationFields):
-    prompt: str | list[int] | list[str]
+    """OpenAI's ``prompt``: a text, token ids, or a list of either (one choice each)."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: with echo, the prompt scored only
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+    echo: bool = False
+
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _echo_null(cls, v: Any) -> Any:
+        return False if v is None else v
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v: str | list[int] | list[str]) -> str | list[int]:
-        if isinstance(v, list) and v and isinstance(v[0], str):
-            if len(v) != 1:
-                raise ValueError("one prompt per request (n = 1)")
-            v = v[0]
-        if not v or (isinstance(v, str) and not v.strip()):
-            raise ValueError("the prompt is empty")
-        return v  # type: ignore[return-value]
+    def _prompts(
+        cls, v: str | list[int] | list[str] | list[list[int]]
+    ) -> str | list[int] | list[str] | list[list[int]]:
+        items: list[Any] = v if isinstance(v, list) and v and isinstance(v[0], str | list) else [v]
+        if len(items) > MAX_CHOICES:
+            raise ValueError(f"at most {MAX_CHOICES} prompts per request, got {len(items)}")
+        for one in items:
+            if not one or (isinstance(one, str) and not one.strip()):
+                raise ValueError("the prompt is empty")
+        return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, one per choice group (a text or token ids each)."""
+        v = self.prompt
+        if isinstance(v, list) and v and isinstance(v[0], str | list):
+            return list(v)
+        return [v]  # type: ignore[list-item]
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs
+
+    def check(self) -> None:
+        super().check()
+        if self.max_tokens == 0 and not self.echo:
+            raise FieldError("max_tokens", "max_tokens 0 is only for echo (the prompt scored)")
+        if len(self.prompts()) * self.n > MAX_CHOICES:
+            raise FieldError(
+                "n", f"n times the prompts is more than {MAX_CHOICES} choices per request"
+            )
 
 
 class ChatMessage(BaseModel):
@@ -170,11 +246,28 @@ class ChatMessage(BaseModel):
 class ChatRequest(GenerationFields):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+    echo: Any = None  # a completions field: refused here (check)
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _logprobs_null(cls, v: Any) -> Any:
+        return False if v is None else v
+
+    def top_logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def check(self) -> None:
         super().check()
         if not any(m.text().strip() for m in self.messages):
             raise FieldError("messages", "no message has any content")
+        if self.echo not in (None, False):
+            raise FieldError("echo", "echo is a /v1/completions field (the prompt's text)")
+        if self.top_logprobs and not self.logprobs:
+            raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+        if self.n > MAX_CHOICES:
+            raise FieldError("n", f"at most {MAX_CHOICES} choices per request")
 
     def wanted_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -220,11 +313,43 @@ class Timings(BaseModel):
     draft_n_accepted: int
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's completions ``logprobs``: per token its text, log-probability (null for the
+    first token of an echoed prompt), the top alternatives (text -> logprob) and where its
+    text starts in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
+    # vLLM's: per prompt token {"<id>": {"logprob", "rank", "decoded_token"}}, null first
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """OpenAI's chat ``logprobs``: ``content``, one entry per token of the message."""
+
+    content: list[ChatTokenLogprob] | None
 
 
 class AssistantMessage(BaseModel):
@@ -235,6 +360,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
     finish_reason: str
 
 
@@ -246,6 +372,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -275,6 +402,39 @@ class ChatChunk(_Envelope):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     timings: Timings | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize``: vLLM's fields (``prompt``, ``add_special_tokens``) or
+    llama-server's (``content``, ``add_special``)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model: str | None = None
+    prompt: str | None = None
+    content: str | None = None
+    add_special_tokens: bool | None = None
+    add_special: bool | None = None
+
+    def text(self) -> str:
+        if self.prompt is not None and self.content is not None and self.prompt != self.content:
+            raise FieldError("prompt", "prompt and content differ: send one of them")
+        text = self.prompt if self.prompt is not None else self.content
+        if text is None:
+            raise FieldError("prompt", "prompt is required (or llama-server's content)")
+        return text
+
+    def special(self) -> bool:
+        if self.add_special_tokens is not None:
+            return self.add_special_tokens
+        return True if self.add_special is None else self.add_special
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``: ``tokens``, a list of token ids (vLLM's and llama-server's)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]
 
 
 class ModelCard(BaseModel):

@@ -22,6 +22,9 @@ QUICK_SECONDS = 300.0
 @dataclass(frozen=True)
 class EndpointCertifyPlan:
     prompts: tuple[str, ...]
+    # OpenAI's ``prediction`` of each prompt (None: that prompt has none), sent with each of
+    # its generation requests to both sides; None: no prompt has one
+    predictions: tuple[str | None, ...] | None = None
     greedy_prompts: int = 8
     greedy_tokens: int = 64
     sampled_prompts: int = 4
@@ -47,6 +50,8 @@ class EndpointCertifyPlan:
     def __post_init__(self) -> None:
         if not self.prompts:
             raise ConfigError("no prompts")
+        if self.predictions is not None and len(self.predictions) != len(self.prompts):
+            raise ConfigError("one prediction (or none) per prompt")
         if self.greedy_prompts < 0 or self.sampled_prompts < 0:
             raise ConfigError("prompt counts must be >= 0")
         if self.greedy_prompts == 0 and self.sampled_prompts == 0:
@@ -81,6 +86,13 @@ class EndpointCertifyPlan:
 
     def sampled_texts(self) -> list[str]:
         return [self.prompts[i % len(self.prompts)] for i in range(self.sampled_prompts)]
+
+    def prediction_body(self, i: int) -> dict[str, Any]:
+        """The request fields of the i-th greedy or sampled prompt's prediction ({}: none)."""
+        if self.predictions is None:
+            return {}
+        p = self.predictions[i % len(self.prompts)]
+        return {} if p is None else {"prediction": {"type": "content", "content": p}}
 
 
 def make_plan(

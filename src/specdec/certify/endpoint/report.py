@@ -31,6 +31,11 @@ def render_markdown(cert: EndpointCertificate) -> str:
     if cert.command:
         out.append(f"- command: {md_code(cert.command)}")
     out.append(f"- time: {cert.seconds:.0f} s (where it went: the Time section)")
+    if p.get("n_predictions"):
+        out.append(
+            f"- {p['n_predictions']} of {p['n_prompts']} prompts carry a prediction (OpenAI's "
+            "`prediction` field), sent with each of their requests to both sides"
+        )
     if cert.drafted_on is not None:
         out.append(f"- spec-on drafted {cert.drafted_on} tokens, accepted {cert.accepted_on}")
     for n in cert.notes:

@@ -216,6 +216,7 @@ class _Run:
                 seed=self.seeds.greedy_seed(i),
                 logprobs=plan.top_logprobs if logprobs else None,
                 stream=False,
+                extra=plan.prediction_body(i),
                 label=f"greedy prompt {i + 1}",
             )
             pair = [self.reply(f"greedy:{i}:{side}", side, req) for side in ("on", "off")]
@@ -294,10 +295,12 @@ class _Run:
             )
         )
 
-    def _sampled_request(self, text: str, seed: int, *, with_ids: bool, label: str) -> Request:
-        """One request of the sampled part (and of its pilot): the plan's sampling settings;
-        with token ids and the sampled token's logprob where the per-token test runs."""
+    def _sampled_request(self, i: int, seed: int, *, with_ids: bool, label: str) -> Request:
+        """One request of the sampled part (and of its pilot) on the i-th sampled prompt: the
+        plan's sampling settings and the prompt's prediction; with token ids and the sampled
+        token's logprob where the per-token test runs."""
         plan = self.plan
+        text = plan.sampled_texts()[i]
         return Request(
             text,
             plan.sample_tokens,
@@ -307,7 +310,7 @@ class _Run:
             top_k=plan.top_k,
             logprobs=1 if with_ids else None,
             stream=False,
-            extra=TOKEN_IDS if with_ids else {},
+            extra={**(TOKEN_IDS if with_ids else {}), **plan.prediction_body(i)},
             label=label,
         )
 
@@ -316,12 +319,11 @@ class _Run:
         work at once), from PILOT requests per side on the first sampled prompt with seeds
         that the tests never use."""
         plan = self.plan
-        text = plan.sampled_texts()[0]
         times: dict[str, list[float]] = {"on": [], "off": [], "score": []}
 
         async def one(side: str, seed: int) -> None:
             req = self._sampled_request(
-                text, seed, with_ids=prompt_ids is not None, label="pilot of the sampled part"
+                0, seed, with_ids=prompt_ids is not None, label="pilot of the sampled part"
             )
             async with self.gates[side]:
                 r = await self.client(side).generate(req)
@@ -364,9 +366,7 @@ class _Run:
 
         async def one(i: int, k: int, side: str, seed: int) -> str:
             label = f"sampled prompt {i + 1}, request {k + 1}"
-            req = self._sampled_request(
-                texts[i], seed, with_ids=prompt_ids is not None, label=label
-            )
+            req = self._sampled_request(i, seed, with_ids=prompt_ids is not None, label=label)
             r = await self.reply(f"sampled:{i}:{side}:{k}", side, req, timed=True)
             tick()
             if side == "on" and prompt_ids is not None:
@@ -638,8 +638,13 @@ async def run_endpoint_certify(
         sides=sides.describe(),
         model=got.model,
         api=sides.on.api,
-        plan={k: v for k, v in asdict(plan).items() if k != "prompts"}
-        | {"n_prompts": len(plan.prompts)},
+        plan={k: v for k, v in asdict(plan).items() if k not in ("prompts", "predictions")}
+        | {"n_prompts": len(plan.prompts)}
+        | (
+            {"n_predictions": sum(p is not None for p in plan.predictions)}
+            if plan.predictions is not None
+            else {}
+        ),
         greedy=greedy,
         tests=tests,
         drafted_on=sum(drafted) if drafted else None,
