@@ -58,11 +58,11 @@ def mock_serve_pair(
 def start_server(pair: Pair, **config: Any) -> tuple[str, Callable[[], None]]:
     """Serve ``pair`` on a free loopback port in a thread: (base URL, stop). ``config``:
     ServeConfig and ServeSettings fields, and ``shutdown_timeout`` (uvicorn's graceful wait)."""
-    import uvicorn
-
     from specdec.serve import ServeConfig, ServeSettings, create_app
+    from specdec.serve.server import make_server
 
     shutdown_timeout = config.pop("shutdown_timeout", 5.0)
+    limits = config.pop("limits", None)
     settings_keys = {"model_name", "k", "adaptive", "default_max_tokens"}
     settings = ServeSettings(
         **{"model_name": "mock", **{k: v for k, v in config.items() if k in settings_keys}}
@@ -73,9 +73,8 @@ def start_server(pair: Pair, **config: Any) -> tuple[str, Callable[[], None]]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=shutdown_timeout)
-    )
+    extra = {"limits": limits} if limits is not None else {}
+    server = make_server(app, app.state.specdec.engine, shutdown_timeout=shutdown_timeout, **extra)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -371,15 +371,14 @@ def test_certify_runs_the_windowed_pair_and_names_the_window(
 
 
 def test_serve_loads_the_windowed_pair(monkeypatch: pytest.MonkeyPatch) -> None:
-    import uvicorn
-
+    import specdec.serve.server
     from specdec.cli import build_parser
     from specdec.cli.common import draft_reference
 
     alone = ["serve", "--draft-window", "6"]
     assert draft_reference(build_parser(alone).parse_args(alone)) == DEFAULT_DRAFT  # a model
     seen: dict[str, object] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app))
+    monkeypatch.setattr(specdec.serve.server, "run", lambda app, **kw: seen.update(app=app))
     assert main(["serve", "--draft-window", "6", "--n-ctx", "64", "--port", "0", *MOCK]) == 0
     pair = seen["app"].state.specdec.pair  # type: ignore[attr-defined]
     assert isinstance(pair.draft, ModelDrafter) and pair.draft.window == 6

@@ -184,26 +184,48 @@ def test_the_summary_line_says_on_or_off_and_the_measured_cost() -> None:
     assert summary(False, None).endswith("(as asked)")
 
 
+class Machine:
+    """``cpuload.sample`` of a machine on which other processes use ``others`` of the CPUs
+    and this process (its measurement workers included) ``own`` of them."""
+
+    def __init__(self) -> None:
+        self.others, self.own, self.n = 0.0, 0.0, 0
+
+    def sample(self) -> object:
+        from specdec.util.cpuload import CpuSample
+
+        self.n += 1  # 10 s and 20 CPU-seconds (2 cores) per reading
+        busy = self.n * 20 * (self.others + self.own)
+        return CpuSample(self.n * 10.0, busy, self.n * 20.0, self.n * 20 * self.own)
+
+
 def test_a_no_measured_on_a_busy_machine_is_measured_again(tmp_path, monkeypatch) -> None:
+    """One rule with ``util.cpuload``'s (merge of issues 61 and 62): a "no" measured while
+    other processes used more than ``$SPECDEC_BUSY_SHARE`` of the CPUs is not cached; a
+    "yes" is; the measurement's own CPU time is not other load."""
+    from specdec.util import cpuload
+
     monkeypatch.setenv("SPECDEC_PROFILES", str(tmp_path))
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setenv("SPECDEC_BUSY_SHARE", "0.25")  # conftest turns the check off
+    machine = Machine()
+    monkeypatch.setattr(cpuload, "sample", machine.sample)
     dear, lines = Counter(price(1.10, 1.0, 1.0)), []
     args = ("m.gguf", "/x/m.gguf", 2)
-    for _ in range(2):  # busy: load 3 on 2 cores, decided each time, never cached
-        got = exact_default(*args, log=lines.append, measure=dear, identity=("a" * 64, 6),
-                            load=lambda: 3.0)  # fmt: skip
+    machine.others = 0.6
+    for _ in range(2):  # busy: others used 60 %, decided each time, never cached
+        got = exact_default(*args, log=lines.append, measure=dear, identity=("a" * 64, 6))
         assert not got.exact
-    assert dear.calls == 2 and any("busy" in line for line in lines)
-    quiet = exact_default(*args, measure=dear, identity=("a" * 64, 6), load=lambda: 0.2)
+    assert dear.calls == 2 and any("busy" in ln and "60%" in ln for ln in lines), lines
+    machine.others, machine.own = 0.05, 0.9  # the measurement's own workers: not other load
+    quiet = exact_default(*args, measure=dear, identity=("a" * 64, 6))
     assert not quiet.exact and dear.calls == 3
-    exact_default(*args, measure=dear, identity=("a" * 64, 6), load=lambda: 3.0)
+    machine.others, machine.own = 0.6, 0.0
+    exact_default(*args, measure=dear, identity=("a" * 64, 6))
     assert dear.calls == 3  # the quiet machine's no is cached
     # a yes is cached however busy the machine was (its error costs speed, not exactness)
     cheap = Counter(price(1.0, 1.0, 1.0))
-    exact_default("n.gguf", "/x/n.gguf", 2, measure=cheap, identity=("a" * 64, 6),
-                  load=lambda: 3.0)  # fmt: skip
-    exact_default("n.gguf", "/x/n.gguf", 2, measure=cheap, identity=("a" * 64, 6),
-                  load=lambda: 3.0)  # fmt: skip
+    exact_default("n.gguf", "/x/n.gguf", 2, measure=cheap, identity=("a" * 64, 6))
+    exact_default("n.gguf", "/x/n.gguf", 2, measure=cheap, identity=("a" * 64, 6))
     assert cheap.calls == 1
 
 

@@ -1138,7 +1138,9 @@ SERVER_ROWS: list[tuple[str, str, bytes, int]] = [
         400,
     ),
     ("prediction a number", C, _c(prediction={"type": "content", "content": 5}), 400),
-    ("prediction of 3 MB", C, _c(prediction={"type": "content", "content": "a" * 3_000_000}), 200),
+    # a prediction longer than any output could be is refused before the tokenizer sees it
+    # (issue 62, item 4: serve.admission.text_bound; a 512-token window here)
+    ("prediction of 3 MB", C, _c(prediction={"type": "content", "content": "a" * 3_000_000}), 400),
 ]
 
 

@@ -85,7 +85,7 @@ def test_the_profile_cli_caches_what_the_default_looks_up(monkeypatch: pytest.Mo
     cli_spec = profile_cli.spec_from_args(args)
     looked_up: list[ProfileSpec] = []
 
-    def fake_cached(spec: ProfileSpec, prompts: Any) -> None:
+    def fake_cached(spec: ProfileSpec, prompts: Any, log: Any = None) -> None:
         looked_up.append(spec)
 
     monkeypatch.setattr(auto, "cached_profile", fake_cached)
@@ -207,6 +207,8 @@ def test_cached_target_costs_shorter_than_the_longest_draft_are_measured_again(
     cache.save(key, {"costs": asdict(short), "model": cfg.model})
     logs: list[str] = []
     got = target_costs.cached_target_costs(cfg, lm, log=logs.append)
-    assert len(got.verify_s) == target_costs.N_MAX and len(logs) == 1  # measured, and said
+    # measured, and said: the short entry named (issue 62, item 8), then the measurement
+    assert len(got.verify_s) == target_costs.N_MAX and len(logs) == 2, logs
+    assert "shorter than" in logs[0]
     again = target_costs.cached_target_costs(cfg, lm, log=logs.append)
-    assert again == got and len(logs) == 1  # then read back
+    assert again == got and len(logs) == 2  # then read back

@@ -557,9 +557,8 @@ def test_specdec_serve_starts_answers_and_stops_on_sigterm() -> None:
 def test_serve_auto_loads_the_profile_choice_and_leaves_k_to_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import uvicorn
-
     import specdec.api
+    import specdec.serve.server
     from specdec.cli import main
     from specdec.core.policy import FixedK
 
@@ -580,7 +579,7 @@ def test_serve_auto_loads_the_profile_choice_and_leaves_k_to_it(
         return Pair(mock_serve_pair(draft="none").target, None, Choice(), config=config)  # type: ignore[arg-type]
 
     monkeypatch.setattr(specdec.api, "load", fake_load)
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, run=kw))
+    monkeypatch.setattr(specdec.serve.server, "run", lambda app, **kw: seen.update(app=app, run=kw))
     assert main(["serve", "--auto", *MOCK_ARGS, "--port", "0"]) == 0
     assert seen["load"]["auto"] is True
     assert seen["app"].state.specdec.config.settings.k is None  # requests without n_max: auto
@@ -596,9 +595,8 @@ def test_serve_takes_minus_k_under_the_machine_default_as_generate_does(
 ) -> None:
     """-k is the server's K whoever chose the drafter (the machine default included); without
     it the pair decides (``Pair.default_k``), as for ``generate``."""
-    import uvicorn
-
     import specdec.api
+    import specdec.serve.server
     from specdec.cli import main
     from specdec.core.policy import FixedK
 
@@ -618,7 +616,7 @@ def test_serve_takes_minus_k_under_the_machine_default_as_generate_does(
         return Pair(mock_serve_pair().target, mock_serve_pair().draft, Choice(), config=config)  # type: ignore[arg-type]
 
     monkeypatch.setattr(specdec.api, "load", fake_load)
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, run=kw))
+    monkeypatch.setattr(specdec.serve.server, "run", lambda app, **kw: seen.update(app=app, run=kw))
     assert main(["serve", *MOCK_ARGS, *k_args, "--port", "0"]) == 0
     assert seen["app"].state.specdec.config.settings.k == k
     err = capsys.readouterr().err

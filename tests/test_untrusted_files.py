@@ -273,7 +273,9 @@ def test_a_results_file_header_with_escape_sequences_is_written_escaped(
     rc, err = run(["report", str(path)], capsys)
     assert rc == 0, err
     md = (tmp_path / "r-report" / "report.md").read_text()
-    assert "\x1b" not in md and "\\x1b[31mx" in md and "\\x1b]0;title\\x07" in md
+    assert "\x1b" not in md and "\\x1b[31mx" in md  # the model: in a code span
+    # the note: outside text escaped for Markdown too (issue 62, item 5), so it shows as sent
+    assert r"\\x1b\]0;title\\x07" in md
 
 
 @pytest.mark.parametrize(

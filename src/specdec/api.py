@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
@@ -28,7 +29,7 @@ from specdec.core.policy import FixedK, KPolicy, capped_adaptive_k
 from specdec.core.processors import LogitBias, Penalties, RowProcessor, chain
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.prediction import PredictionDrafter
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, PairBusyError
 from specdec.pairs import (
     DEFAULT_DRAFT_BACKEND,
     DEFAULT_K,
@@ -80,7 +81,12 @@ class Pair:
     resolved configuration it was loaded from (when it came from ``load``), whose target's
     measured costs (``target_costs``) size the drafts of a prediction (``stream(prediction=)``;
     a pair built from models alone drafts a prediction as far as K allows). ``log`` hears
-    when those costs are measured (the first time on a machine: seconds)."""
+    when those costs are measured (the first time on a machine: seconds).
+
+    One generation at a time: the models hold one generation's caches, so a second one
+    started while a stream is running (from another thread, or a stream not yet read to its
+    end, cancelled or let go of) raises ``PairBusyError`` at once and the running one goes
+    on unharmed. Threads that share a pair serialise their calls; or load one pair each."""
 
     def __init__(
         self,
@@ -96,6 +102,7 @@ class Pair:
         self.config = config
         self.log = log
         self._grammars: Grammars | None = None
+        self._busy = threading.Lock()  # held from a generation's start to its end
 
     @property
     def grammars(self) -> Grammars:
@@ -105,9 +112,25 @@ class Pair:
             self._grammars = Grammars(self.target)
         return self._grammars
 
+    def _claim(self) -> None:
+        if not self._busy.acquire(blocking=False):
+            raise PairBusyError(
+                "this Pair is already generating (in another thread, or a stream not yet "
+                "read to its end or cancelled): a Pair runs one generation at a time; finish "
+                "or cancel() the other stream, or load a Pair per thread"
+            )
+
     def target_costs(self) -> Costs | None:
         """The target's costs: a planned drafter's own, else (for a pair from ``load``) measured
-        once per machine and cached (``log`` hears when), else None."""
+        once per machine and cached (``log`` hears when), else None. Measuring runs the
+        target: ``PairBusyError`` while a generation runs."""
+        self._claim()
+        try:
+            return self._target_costs()
+        finally:
+            self._busy.release()
+
+    def _target_costs(self) -> Costs | None:
         if isinstance(self.draft, PlannedSuffixDrafter):
             return self.draft.costs
         if self.config is None:
@@ -132,7 +155,7 @@ class Pair:
                     f"prediction token ids must be in 0..{self.target.vocab_size - 1}"
                 )
         return PredictionDrafter(
-            ids, costs=self.target_costs(), fallback=as_drafter(self.draft, self.target)
+            ids, costs=self._target_costs(), fallback=as_drafter(self.draft, self.target)
         )
 
     def encode(
@@ -206,7 +229,16 @@ class Pair:
 
     def stream_request(self, request: GenerationRequest) -> TextStream:
         """Start the generation of a checked request (``specdec.request.make_request``: the
-        arguments of ``stream``); iterate the returned ``TextStream`` for text pieces."""
+        arguments of ``stream``); iterate the returned ``TextStream`` for text pieces. The pair
+        is this generation's until it ends (``PairBusyError`` for another meanwhile)."""
+        self._claim()
+        try:
+            return self._stream(request)
+        except BaseException:
+            self._busy.release()
+            raise
+
+    def _stream(self, request: GenerationRequest) -> TextStream:
         ids = self.prompt_ids(request)
         prediction, max_new_tokens = request.prediction, request.max_new_tokens
         drafter: CausalLM | Drafter | None = self.draft
@@ -237,7 +269,7 @@ class Pair:
         )
         hidden = self.target.eos_token_ids if request.stop_on_eos else frozenset()
         decoder = IncrementalDecoder(self.target.tokenizer)
-        return TextStream(generation, decoder, request.stops, hidden)
+        return TextStream(generation, decoder, request.stops, hidden, on_end=self._busy.release)
 
     generate = drained(stream, "Completion", "stream")
 

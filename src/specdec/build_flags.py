@@ -49,6 +49,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -343,12 +344,26 @@ def _run(cmd: Sequence[str], env: dict[str, str]) -> None:
 
 
 def installed_record(prefix: str | None = None) -> dict[str, object] | None:
-    """What `make install` recorded in this environment (None where it did not run)."""
+    """What `make install` recorded in this environment (None where it did not run, or
+    where something else is there: a FIFO hung the read, /dev/zero filled memory, 2,000
+    levels of nesting were a RecursionError; a record of another shape is rebuilt over).
+    Standard library only: this file runs before specdec is installed."""
     path = Path(prefix or sys.prefix) / RECORD
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    limit = 1 << 20
+    try:  # a regular file, not followed through a link, opened without blocking on a FIFO
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(limit + 1)
+        data = json.loads(raw.decode("utf-8")) if len(raw) <= limit else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
     return data if isinstance(data, dict) else None
 
 

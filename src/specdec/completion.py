@@ -8,6 +8,7 @@ stop strings applied, cancellable), the ``Completion`` it ends with (the text an
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -126,7 +127,10 @@ class TextStream:
     """Iterate for text pieces as rounds are accepted (``deltas()`` for one entry per round);
     ``completion`` is set at the end (``run()`` drains the stream and returns it); ``cancel()``
     ends it between rounds. With stop strings, no text at or after the first stop string is
-    ever yielded, and the generation ends at the round that completes it."""
+    ever yielded, and the generation ends at the round that completes it.
+
+    ``on_end`` (``Pair``'s hold on its models) is called once, when the generation has ended
+    (the last round, a stop string, ``cancel()``, an error) or the stream is garbage."""
 
     def __init__(
         self,
@@ -134,8 +138,11 @@ class TextStream:
         decoder: IncrementalDecoder,
         stops: Sequence[str] = (),
         hidden: frozenset[int] = frozenset(),
+        on_end: Callable[[], object] | None = None,
     ) -> None:
         self.generation = generation
+        # called at most once, whichever comes first: the end, or the stream's collection
+        self._end = weakref.finalize(self, on_end) if on_end is not None else None
         self._decoder = decoder
         self._stops = StopMatcher(stops)
         self._hidden = hidden  # token ids that add no text (end-of-sequence)
@@ -148,12 +155,19 @@ class TextStream:
                 yield delta.text
 
     def deltas(self) -> Iterator[TextDelta]:
-        for rnd in self.generation:
-            shown = [t for t in rnd.tokens if t not in self._hidden]
-            piece = self._shown(self._stops.push(self._decoder.push(shown)))
-            if self._stops.stopped:
-                self.generation.stop("stop")  # no further round runs
-            yield TextDelta(piece, rnd)
+        try:
+            for rnd in self.generation:
+                shown = [t for t in rnd.tokens if t not in self._hidden]
+                piece = self._shown(self._stops.push(self._decoder.push(shown)))
+                if self._stops.stopped:
+                    self.generation.stop("stop")  # no further round runs
+                yield TextDelta(piece, rnd)
+        except GeneratorExit:  # the reader stopped reading: the generation may go on later
+            raise
+        except BaseException:  # the generation failed: it cannot go on
+            self._ended()
+            raise
+        self._ended()  # every round has run: the models are free
         tail = "" if self._stops.stopped else self._stops.push(self._decoder.flush())
         tail = self._shown(tail + self._stops.flush())
         if tail:
@@ -164,13 +178,21 @@ class TextStream:
             result = dataclasses.replace(result, finish_reason="stop")
         self.completion = Completion("".join(self._text), result)
 
+    def _ended(self) -> None:
+        if self._end is not None:
+            self._end()
+
     def _shown(self, piece: str) -> str:
         self._text.append(piece)
         return piece
 
     def cancel(self) -> GenerationResult:
-        """End the generation after the round in progress (finish_reason "cancelled")."""
-        return self.generation.stop("cancelled")
+        """End the generation after the round in progress (finish_reason "cancelled"); the
+        models are free for another generation then."""
+        try:
+            return self.generation.stop("cancelled")
+        finally:
+            self._ended()
 
     def run(self, on_text: Callable[[str], None] | None = None) -> Completion:
         """Drain the stream (each piece to ``on_text`` when given) and return the completion."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.util.jsonable import json_ready
+from specdec.util.printable import printable
 
 # the flags that decide which llama.cpp / torch kernels a CPU can run
 SIMD_PREFIXES = ("sse", "ssse", "avx", "amx", "fma", "f16c", "bmi", "neon", "asimd", "sve")
@@ -32,14 +33,21 @@ def _llama() -> dict[str, Any]:
         import llama_cpp
     except ImportError:
         return {"installed": False}
-    from specdec.build_flags import installed_record, this_machine
+    except (RuntimeError, OSError) as e:  # installed, but its library would not load
+        return {
+            "installed": True,
+            "error": f"its library would not load: {printable(e, 300)}",
+            "lib_path_env": os.environ.get("LLAMA_CPP_LIB_PATH"),
+        }
+    from specdec.build_flags import this_machine
     from specdec.models.ggml_bufts import ggml, lib_dir
+    from specdec.models.kernel_check import make_install_record
 
     out: dict[str, Any] = {
         "installed": True,
         "version": getattr(llama_cpp, "__version__", None),
         "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
-        "built_by_make_install": installed_record(),
+        "built_by_make_install": make_install_record(),  # read safely (models.kernel_check)
         "lib_dir": str(lib_dir(llama_cpp)),
         "lib_path_env": os.environ.get("LLAMA_CPP_LIB_PATH"),
     }
@@ -206,8 +214,6 @@ def _verdict_line(v: dict[str, Any]) -> str:
 def format_report(r: dict[str, Any]) -> str:
     """The one-screen text of ``gather``'s dict (every line escaped: cached verdicts and
     llama.cpp's own strings are read from files)."""
-    from specdec.util.printable import printable
-
     return "\n".join(printable(line) for line in _lines(r))
 
 
@@ -223,13 +229,20 @@ def _lines(r: dict[str, Any]) -> list[str]:
     ll = r["llama_cpp"]
     if not ll.get("installed"):
         lines.append("llama.cpp   llama-cpp-python is not installed")
+    elif ll.get("error"):
+        env = ll.get("lib_path_env")
+        lines.append(
+            f"llama.cpp   installed, but {ll['error']}"
+            + (f" (LLAMA_CPP_LIB_PATH={env})" if env else "")
+        )
     else:
         made = ll.get("built_by_make_install")
-        made_text = (
-            f"{made.get('reason')} (CMAKE_ARGS: {' '.join(made.get('cmake_args') or []) or 'none'})"
-            if isinstance(made, dict)
-            else "not by `make install` (its own build: see the system info)"
-        )
+        if isinstance(made, dict):
+            args = made.get("cmake_args")
+            shown = " ".join(map(str, args)) if isinstance(args, list) else str(args or "")
+            made_text = printable(f"{made.get('reason')} (CMAKE_ARGS: {shown or 'none'})", 500)
+        else:
+            made_text = "not by `make install` (its own build: see the system info)"
         kernels = ll.get("optional_kernels")
         lines += [
             f"llama.cpp   {ll.get('version')}: {ll.get('system_info')}",

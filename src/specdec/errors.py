@@ -30,3 +30,8 @@ class ContextOverflowError(SpecdecError):
 
 class EmptyPromptError(SpecdecError):
     """The prompt encodes to zero tokens."""
+
+
+class PairBusyError(SpecdecError):
+    """A ``Pair`` was asked for a second generation while one is running (another thread, or
+    a stream not yet finished or cancelled): its models hold one generation's caches."""

@@ -16,6 +16,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from specdec.constraints.spec import Constraint, ConstraintError, grammar_constraint, json_schema
 from specdec.core.logprobs import LogprobSpec, check_top
 from specdec.core.processors import MAX_BIAS, check_penalties
@@ -23,6 +25,7 @@ from specdec.core.sampling import GREEDY, SamplingConfig
 from specdec.core.stops import check_stops
 from specdec.errors import ConfigError
 from specdec.prompting import Message
+from specdec.util.bounds import check_seed
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,34 @@ class GenerationRequest:
         return dataclasses.replace(
             self, prompt=tuple(int(t) for t in ids), messages=None, system=None, chat=None
         )
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
+def _check_types(**values: object) -> None:
+    """Integer arguments are integers (None where allowed: k): a float length (nan gave an
+    empty text with finish "length"), a fractional top_k failed deep inside."""
+    for name, x in values.items():
+        if not (_is_int(x) or (name == "k" and x is None)):
+            raise ConfigError(f"{name} must be an integer, got {x!r}")
+
+
+def _check_reals(**values: object) -> None:
+    for name, x in values.items():
+        if isinstance(x, bool) or not isinstance(x, int | float | np.floating | np.integer):
+            raise ConfigError(f"{name} must be a number, got {x!r}")
+
+
+def _token_ids(ids: object, name: str) -> tuple[int, ...]:
+    """Token ids given as a sequence of integers (bytes are no token ids: they were used as
+    such, one id per byte)."""
+    if isinstance(ids, bytes | bytearray | memoryview):
+        raise ConfigError(f"the {name} is bytes: give text (decode it) or a list of token ids")
+    if not isinstance(ids, Sequence) or not all(_is_int(t) for t in ids):
+        raise ConfigError(f"the {name} must be text or a sequence of integer token ids")
+    return tuple(int(t) for t in ids)
 
 
 def check_limits(*, k: int | None, max_new_tokens: int, scoring: bool = False) -> None:
@@ -172,7 +203,16 @@ def make_request(
                     is then prefilled from an empty cache, 64 rows a pass; max_new_tokens
                     may be 0.
     """
+    _check_types(max_new_tokens=max_new_tokens, k=k, top_k=top_k, seed=seed)
+    _check_reals(
+        temperature=temperature,
+        top_p=top_p,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        repetition_penalty=repetition_penalty,
+    )
     check_limits(k=k, max_new_tokens=max_new_tokens, scoring=prompt_logprobs is not None)
+    check_seed(seed, "seed")
     spec = None if logprobs is None else LogprobSpec(logprobs, logprobs_mode)
     if prompt_logprobs is not None:
         check_top(prompt_logprobs, "prompt_logprobs")
@@ -190,12 +230,12 @@ def make_request(
     elif messages is not None or system is not None:
         raise ConfigError("token ids are used as they are: no messages or system prompt")
     else:
-        ids_or_text = tuple(int(t) for t in prompt)
+        ids_or_text = _token_ids(prompt, "prompt")
     expected: str | tuple[int, ...] | None = None
     if prediction is None or isinstance(prediction, str):
         expected = prediction
     else:
-        expected = tuple(int(t) for t in prediction)
+        expected = _token_ids(prediction, "prediction")
     return GenerationRequest(
         prompt=ids_or_text,
         messages=None if messages is None else tuple(messages),

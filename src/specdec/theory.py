@@ -124,6 +124,46 @@ class Costs:
         return seconds
 
 
+def costs_from_dict(d: object) -> Costs:
+    """Costs from their JSON (a cache entry, a profile): every field a real number of the
+    right range (a pass's seconds finite and > 0, overheads finite and >= 0, throughputs > 0,
+    infinite allowed), or ValueError naming the first field that is not (a damaged entry
+    read as costs failed deep inside the planner, or planned with nonsense)."""
+    if not isinstance(d, dict):
+        raise ValueError("the costs are not a JSON object")
+    fields = Costs.__dataclass_fields__
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown cost fields {unknown[:3]}")
+
+    def real(name: str, x: object, *, positive: bool, infinite: bool) -> float:
+        ok = isinstance(x, int | float) and not isinstance(x, bool) and not math.isnan(x)
+        if ok and (math.isinf(x) and not infinite):  # type: ignore[arg-type]
+            ok = False
+        if ok and (x <= 0 if positive else x < 0):  # type: ignore[operator]
+            ok = False
+        if not ok:
+            raise ValueError(f"{name} is {x!r}, not a {'positive' if positive else '>= 0'} number")
+        return float(x)  # type: ignore[arg-type]
+
+    verify = d.get("verify_s")
+    if not isinstance(verify, list | tuple) or not verify:
+        raise ValueError("verify_s is not a non-empty list of seconds")
+    out: dict[str, object] = {
+        "verify_s": tuple(
+            real(f"verify_s[{i}]", v, positive=True, infinite=False) for i, v in enumerate(verify)
+        )
+    }
+    if "prefill_tps" not in d:
+        raise ValueError("prefill_tps is missing")
+    for name in fields:
+        if name == "verify_s" or name not in d:
+            continue
+        rate = name.endswith("_tps")
+        out[name] = real(name, d[name], positive=rate, infinite=rate)
+    return Costs(**out)  # type: ignore[arg-type]
+
+
 def draft_model_ceiling(c: float, verify_ratio: Sequence[float]) -> tuple[int, float]:
     """(best K, ceiling): the most a draft model with step cost c can speed up decoding on a
     verify curve even if every draft is accepted.

@@ -36,6 +36,7 @@ from specdec.bench.results import Results, read_results
 from specdec.errors import ConfigError
 from specdec.stats.bootstrap import Spread
 from specdec.theory import predicted_speedup
+from specdec.util.printable import md_code
 
 REPORT_NAME = "report.md"
 
@@ -128,7 +129,7 @@ def _setup_section(data: ReportData, source: Path) -> list[str]:
     lines = [
         "# specdec bench report",
         "",
-        f"Source: `{source.name}`: {len(ms)} measurements of {len(data.configs)} "
+        f"Source: {md_code(source.name)}: {len(ms)} measurements of {len(data.configs)} "
         f"configuration(s) in {len(r.headers)} session(s).",
     ]
     if r.bad_lines:
@@ -156,7 +157,7 @@ def _setup_section(data: ReportData, source: Path) -> list[str]:
         dirty = " (with uncommitted changes)" if git.get("dirty") else ""
         lines.append(f"- source: commit {commit[:12] if commit else 'unknown'}{dirty}")
         if h.get("argv"):
-            lines.append(f"- command: `{' '.join(h['argv'])}`")
+            lines.append(f"- command: {md_code(' '.join(map(str, h['argv'])))}")
         lines.append(
             f"- plan: K {plan.get('ks')}, modes {plan.get('modes')}, "
             f"{plan.get('max_new_tokens')} new tokens, {plan.get('repeats')} repeat(s), "

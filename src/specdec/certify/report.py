@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.util.jsonable import json_ready
+from specdec.util.printable import md_code
 
 from .common import FAIL, PASS, SKIPPED, WARN, fmt, worst_status
 from .invariance import InvarianceResult
@@ -221,7 +222,7 @@ class Certificate:
             f"- levels: {', '.join(h.get('levels_requested', []))}",
         ]
         if h.get("draft") or h.get("target"):
-            lines.append(f"- draft: `{h.get('draft')}`; target: `{h.get('target')}`")
+            lines.append(f"- draft: {md_code(h.get('draft'))}; target: {md_code(h.get('target'))}")
         numerics = (h.get("target_runtime") or {}).get("numerics")
         if numerics is not None:
             lines.append(f"- target numerics: {NUMERICS_WORDS.get(numerics, numerics)}")
@@ -273,7 +274,7 @@ class Certificate:
             "null, Rosenblatt 1952), tests uniformity with Anderson-Darling and a binned "
             "chi-square, and states its power by simulation. See docs/certify.md.",
             "",
-            f"Reproduce: `{h.get('command', 'specdec certify')}`",
+            f"Reproduce: {md_code(h.get('command', 'specdec certify'))}",
             "",
         ]
         return "\n".join(lines)

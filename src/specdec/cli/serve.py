@@ -83,7 +83,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--shutdown-timeout",
         type=float,
         default=30.0,
-        help="seconds in-flight requests get to finish on Ctrl-C before they are cancelled",
+        help="seconds the running request gets to finish on Ctrl-C or SIGTERM before it is "
+        "cut (with a final event); queued requests get 503 at once",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send a request's line and headers (else the connection "
+        "is closed)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=512,
+        help="open connections at most; one more closes the oldest idle one",
     )
     add_model_args(p)
     # None: nothing chosen, so the machine's default decides (as in `specdec generate`)
@@ -102,6 +116,10 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.max_body_bytes < 1024:
         raise ConfigError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
+    from specdec.serve.server import ConnectionLimits, check_shutdown_timeout
+
+    check_shutdown_timeout(args.shutdown_timeout)
+    args.limits = ConnectionLimits(args.header_timeout, args.max_connections)
     args.api_key = read_api_key(args.api_key, args.api_key_file)
 
 
@@ -109,9 +127,7 @@ def run(args: argparse.Namespace) -> int:
     quiet_libraries()
     _check(args)
     try:
-        import uvicorn
-
-        from specdec.serve import ServeConfig, ServeSettings, create_app
+        from specdec.serve import ServeConfig, ServeSettings, create_app, server
     except ImportError as e:
         raise ConfigError(
             f"specdec serve needs the serve extra ({e.name} is missing): "
@@ -151,12 +167,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"[specdec] {printable(line)}", file=sys.stderr)
     print(f"[specdec] {printable(numerics_line(pair, args.target, args.threads))}", file=sys.stderr)
     try:
-        uvicorn.run(
+        server.run(
             app,
             host=args.host,
             port=args.port,
-            log_level="warning",
-            timeout_graceful_shutdown=args.shutdown_timeout,
+            shutdown_timeout=args.shutdown_timeout,
+            limits=args.limits,
         )
     except SystemExit as e:  # uvicorn's start-up failure (the port was taken meanwhile)
         if e.code in (0, None):

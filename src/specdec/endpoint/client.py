@@ -54,6 +54,7 @@ RETRY_STATUS = frozenset({429, 502, 503, 504})
 MAX_BACKOFF_S = 30.0
 PER_TOKEN_S = 1.0  # a generation's time bound: timeout_s plus this per requested token
 SHARD = 64  # connections per httpx client (see the module docstring)
+MIN_RPS = 0.01  # the slowest request rate accepted: one request every 100 s
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -65,6 +66,18 @@ def normalise_url(url: str) -> str:
         raise EndpointError(f"{printable(repr(url), 200)} is not an http:// or https:// URL")
     if u.endswith("/v1"):
         u = u[: -len("/v1")]
+    shown = printable(repr(url), 200)
+    if not u.isprintable() or " " in u:
+        raise EndpointError(f"{shown} is not a URL: it holds a space or a control character")
+    try:  # what httpx would refuse at the first request, refused here in one line
+        parsed = httpx.URL(u)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError, TypeError) as e:
+        raise EndpointError(f"{shown} is not a valid URL: {printable(e, 200)}") from e
+    if port is not None and not 0 < port < 65536:
+        raise EndpointError(f"{shown}: the port must be in 1..65535")
+    if not parsed.host:
+        raise EndpointError(f"{shown} names no host")
     return u
 
 
@@ -94,9 +107,12 @@ class EndpointConfig:
             raise EndpointError("timeouts must be finite and > 0 seconds")
         if self.retries < 0:
             raise EndpointError(f"retries must be >= 0, got {self.retries}")
-        if self.max_rps is not None and not (math.isfinite(self.max_rps) and self.max_rps > 0):
-            raise EndpointError(
-                f"the request rate must be finite and > 0 per second, got {self.max_rps}"
+        if self.max_rps is not None and not (
+            math.isfinite(self.max_rps) and self.max_rps >= MIN_RPS
+        ):
+            raise EndpointError(  # 1e-9 per second waited 30 years for its second request
+                f"the request rate must be finite and at least {MIN_RPS:g} per second (one "
+                f"request in {1 / MIN_RPS:g} s), got {self.max_rps}"
             )
         if self.api not in ("completions", "chat"):
             raise EndpointError(f"api must be completions or chat, got {self.api!r}")
@@ -604,7 +620,8 @@ class EndpointClient:
 
 async def _sse_objects(lines: Any, where: str) -> Any:
     """The JSON values of an OpenAI server-sent event stream, up to ``[DONE]``; comment and
-    other field lines are skipped (their bytes still count against the reply's bound)."""
+    other field lines are skipped (their bytes still count against the reply's bound). A
+    stream that ends without ``[DONE]`` was cut short: BadReply (it was counted complete)."""
     async for line in lines:
         if not line.startswith("data:"):
             continue
@@ -619,6 +636,9 @@ async def _sse_objects(lines: Any, where: str) -> Any:
         if msg is not None:
             raise EndpointError(f"{where} failed mid-stream: {msg}")
         yield obj
+    raise BadReply(
+        f"{where} ended its stream without [DONE]: the reply was cut short (not counted)"
+    )
 
 
 def token_ids_of(tokens: Sequence[str] | None) -> tuple[int, ...] | None:

@@ -18,6 +18,7 @@ symbolic link planted inside the cache (``wheels -> /home/victim``, ``<dir>.part
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -106,9 +107,15 @@ def write_new(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically, through a fresh temporary file (never through
     a link planted at either name)."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with create_new(tmp) as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with create_new(tmp) as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a directory at ``path``: no .tmp file left behind
+        with contextlib.suppress(OSError):
+            if tmp.is_file() and not tmp.is_symlink():
+                tmp.unlink()
+        raise
 
 
 def read_regular(path: Path, limit: int) -> bytes | None:
@@ -131,3 +138,13 @@ def read_regular(path: Path, limit: int) -> bytes | None:
     finally:
         os.close(fd)
     return data if len(data) <= limit else None
+
+
+def read_json(path: Path, limit: int = 1 << 20) -> object | None:
+    """The JSON value in ``path`` (``read_regular``'s rules: a regular file of at most
+    ``limit`` bytes, never a FIFO, a device or a link), or None for anything else, text that
+    is not JSON included, or JSON nested too deeply (``util.jsonbound``)."""
+    from specdec.util import jsonbound
+
+    raw = read_regular(path, limit)
+    return None if raw is None else jsonbound.loads_or_none(raw)

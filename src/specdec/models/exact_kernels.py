@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import subprocess
@@ -57,6 +58,7 @@ from typing import Any
 from specdec.errors import ModelLoadError
 from specdec.models.ggml_bufts import Choice
 from specdec.models.kernel_check import Log, stderr_log, verdict_dir
+from specdec.util import jsonbound
 
 SCHEMA = 1
 # past every row-count switch of ggml's CPU kernels (sgemm 2, repack gemm 4 with a gemv
@@ -135,12 +137,15 @@ class ExactVerdict:
         """One line when a group is moved off its optional kernel (None otherwise)."""
         if not self.avoid:
             return None
+        from specdec.util.printable import printable
+
         bad = next((t for t in self.trials if not t.exact), None)
         why = f" ({bad.detail})" if bad else ""
         keeps = f"; kept: {', '.join(self.kept)}" if self.kept else ""
-        return (
+        return printable(  # a cached verdict's strings: nothing of theirs drives the terminal
             f"exact numerics: {', '.join(self.avoid)} give rows that depend on the pass "
-            f"size{why}; those weights run on the plain kernels{keeps}"
+            f"size{why}; those weights run on the plain kernels{keeps}",
+            1000,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,19 +153,43 @@ class ExactVerdict:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExactVerdict:
+        """A verdict from its JSON; TypeError, KeyError or ValueError for anything else (a
+        cache entry of another shape is checked again)."""
+        if not isinstance(data, dict):
+            raise TypeError("a verdict is a JSON object")
         Choice.parse(str(data["choice"]))
+        trials = data.get("trials", ())
+        if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
+            raise TypeError("trials is a list of objects")
         return cls(
             choice=str(data["choice"]),
-            groups=tuple(str(g) for g in data["groups"]),
-            avoid=tuple(str(g) for g in data["avoid"]),
+            groups=tuple(str(g) for g in _strings(data["groups"])),
+            avoid=tuple(str(g) for g in _strings(data["avoid"])),
             trials=tuple(
-                GroupTrial(tuple(t["kept"]), bool(t["exact"]), str(t["detail"]), t["seconds"])
-                for t in data.get("trials", ())
+                GroupTrial(
+                    tuple(str(g) for g in _strings(t["kept"])),
+                    bool(t["exact"]),
+                    str(t["detail"]),
+                    _seconds(t["seconds"]),
+                )
+                for t in trials
             ),
             key=str(data.get("key", "")),
             model=str(data.get("model", "")),
             created=str(data.get("created", "")),
         )
+
+
+def _strings(x: object) -> list[object]:
+    if not isinstance(x, list) or not all(isinstance(g, str) for g in x):
+        raise TypeError("expected a list of strings")
+    return x
+
+
+def _seconds(x: object) -> float:
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x < 0:
+        raise ValueError("seconds are a finite number >= 0")
+    return float(x)
 
 
 def use_row_invariant_kernels(llama_cpp: Any) -> bool:
@@ -317,8 +346,8 @@ def _read_entry(path: Path) -> ExactVerdict | None:
     if raw is None:
         return None
     try:
-        return replace(ExactVerdict.from_dict(json.loads(raw.decode("utf-8"))), cached=True)
-    except (ValueError, KeyError, TypeError, RecursionError):
+        return replace(ExactVerdict.from_dict(jsonbound.loads(raw.decode("utf-8"))), cached=True)
+    except (ValueError, KeyError, TypeError, RecursionError, jsonbound.JsonError):
         return None  # a damaged entry is checked again
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -113,13 +114,18 @@ class KernelVerdict:
         off = self.disabled
         if not off:
             return None
+        from specdec.util.printable import printable
+
         failed = next((t for t in self.trials if t.outcome != "ok"), None)
         why = f"{failed.outcome}: {failed.detail}" if failed else "failed"
         kept = Choice.parse(self.choice).in_use(self.listed)
         keeps = f"; {', '.join(kept)} kept" if kept else ""
-        return (
+        # a cached verdict's strings are a file's: no terminal escape or line break of theirs
+        # reaches the terminal
+        return printable(
             f"llama.cpp's {'/'.join(off)} kernels failed a test pass on this machine ({why}); "
-            f"loading without them{keeps}. For {REBUILD_HINT}."
+            f"loading without them{keeps}. For {REBUILD_HINT}.",
+            1000,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,17 +135,39 @@ class KernelVerdict:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KernelVerdict:
-        trials = tuple(Trial(**t) for t in data.get("trials", ()))
+        """A verdict from its JSON; TypeError, KeyError or ValueError for anything else (a
+        cache entry of another shape is checked again)."""
+        if not isinstance(data, dict):
+            raise TypeError("a verdict is a JSON object")
+        raw = data.get("trials", ())
+        if not isinstance(raw, list | tuple) or not all(isinstance(t, dict) for t in raw):
+            raise TypeError("trials is a list of objects")
+        trials = tuple(
+            Trial(str(t["choice"]), str(t["outcome"]), str(t["detail"]), _seconds(t["seconds"]))
+            for t in raw
+        )
         Choice.parse(str(data["choice"]))  # a malformed cache entry raises here
+        listed = data["listed"]
+        if not isinstance(listed, list) or not all(isinstance(b, str) for b in listed):
+            raise TypeError("listed is a list of names")
+        weights = data.get("weights", ())
+        if not isinstance(weights, list | tuple):
+            raise TypeError("weights is a list")
         return cls(
-            listed=tuple(str(b) for b in data["listed"]),
+            listed=tuple(str(b) for b in listed),
             choice=str(data["choice"]),
             trials=trials,
             key=str(data.get("key", "")),
             model=str(data.get("model", "")),
-            weights=tuple(str(w) for w in data.get("weights", ())),
+            weights=tuple(str(w) for w in weights),
             created=str(data.get("created", "")),
         )
+
+
+def _seconds(x: object) -> float:
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x < 0:
+        raise ValueError("seconds are a finite number >= 0")
+    return float(x)
 
 
 @dataclass(frozen=True)
@@ -343,10 +371,12 @@ def _read_entry(path: Path) -> KernelVerdict | None:
     raw = read_regular(path, _MAX_CACHE_BYTES)
     if raw is None:
         return None
+    from specdec.util import jsonbound
+
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = jsonbound.loads(raw.decode("utf-8"))
         return replace(KernelVerdict.from_dict(data), cached=True)
-    except (ValueError, KeyError, TypeError, RecursionError):
+    except (ValueError, KeyError, TypeError, RecursionError, jsonbound.JsonError):
         return None  # a damaged entry is checked again
 
 
@@ -429,18 +459,29 @@ def kernel_verdict(
     return verdict
 
 
+def make_install_record() -> dict[str, Any] | None:
+    """What `make install` recorded in this environment (``build_flags.RECORD``), read as a
+    record the file system holds: a regular file, bounded, JSON of bounded depth, an object;
+    else None (a FIFO there hung doctor, /dev/zero filled memory, 2,000 levels of nesting
+    were a RecursionError; ``build_flags.installed_record`` reads it for the build itself)."""
+    from specdec.build_flags import RECORD
+    from specdec.hub.safe_paths import read_json
+
+    data = read_json(Path(sys.prefix) / RECORD)
+    return data if isinstance(data, dict) else None
+
+
 def build_summary(verdict: KernelVerdict | None) -> dict[str, Any]:
     """What a results file says about the llama.cpp build a model ran on: version, how
     `make install` built it (None: another build), its system info, and the kernel check's
     verdict for the model (None: no optional kernel was in play)."""
     import llama_cpp
 
-    from specdec.build_flags import installed_record
     from specdec.models.ggml_bufts import ggml
 
     return {
         "llama_cpp_python": getattr(llama_cpp, "__version__", None),
-        "make_install": installed_record(),
+        "make_install": make_install_record(),
         "exact_build": ggml(llama_cpp).row_invariant_repack(),
         "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
         "kernels": None
@@ -454,16 +495,29 @@ def build_summary(verdict: KernelVerdict | None) -> dict[str, Any]:
 
 
 def build_line(summary: dict[str, Any]) -> str:
-    """One line of ``build_summary``: the build and which optional kernels ran."""
+    """One line of ``build_summary``: the build and which optional kernels ran. The summary
+    comes from a file (a cached profile, a results file): any shape gives a line, escaped."""
+    from specdec.util.printable import printable
+
+    if not isinstance(summary, dict):
+        return "llama.cpp build: not recorded in a readable form"
     made = summary.get("make_install")
     how = str(made.get("reason")) if isinstance(made, dict) else "not built by make install"
     k = summary.get("kernels")
+
+    def names(x: object) -> str:
+        return ", ".join(map(str, x)) if isinstance(x, list | tuple) else str(x)
+
     if not k:
         kernels = "no optional kernels in use"
-    elif k["disabled"]:
-        kernels = f"optional kernels {', '.join(k['listed'])}: {', '.join(k['disabled'])} off"
+    elif not isinstance(k, dict):
+        kernels = "optional kernels: not recorded in a readable form"
+    elif k.get("disabled"):
+        listed, off = names(k.get("listed", ())), names(k.get("disabled"))
+        kernels = f"optional kernels {listed}: {off} off"
     else:
-        kernels = f"optional kernels {', '.join(k['listed']) or 'none'} all kept"
+        kernels = f"optional kernels {names(k.get('listed', ())) or 'none'} all kept"
     exact_build = summary.get("exact_build")  # None: a results file from before it was recorded
     kind = "" if exact_build is None else "exact build; " if exact_build else "stock build; "
-    return f"llama.cpp {summary.get('llama_cpp_python')} ({kind}{how}); {kernels} (kernel check)"
+    line = f"llama.cpp {summary.get('llama_cpp_python')} ({kind}{how}); {kernels} (kernel check)"
+    return printable(line, 1000)

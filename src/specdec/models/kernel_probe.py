@@ -39,9 +39,15 @@ def parse_fault(text: str | None) -> tuple[str, str] | None:
     """``KIND:BUFT`` -> (kind, buffer type name); None for None/empty."""
     if not text:
         return None
+    from specdec.errors import ConfigError
+    from specdec.util.printable import printable
+
     kind, sep, buft = text.partition(":")
     if not sep or kind not in FAULTS or not buft:
-        raise ValueError(f"bad kernel fault {text!r}: one of {', '.join(FAULTS)}, ':', a name")
+        raise ConfigError(  # one line, not a traceback (a ValueError was)
+            f"bad kernel fault {printable(repr(text), 100)} in $SPECDEC_TEST_KERNEL_FAULT: "
+            f"KIND:BUFT with KIND one of {', '.join(FAULTS)}"
+        )
     return kind, buft
 
 

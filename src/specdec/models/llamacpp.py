@@ -104,6 +104,14 @@ def _import_llama() -> Any:
         raise ModelLoadError(
             "the llama.cpp backend needs llama-cpp-python: pip install 'specdec[llamacpp]'"
         ) from e
+    except (RuntimeError, OSError) as e:  # its shared library would not load
+        from specdec.util.printable import printable
+
+        where = os.environ.get("LLAMA_CPP_LIB_PATH")
+        hint = f" (LLAMA_CPP_LIB_PATH={where}: unset it or point it at a build)" if where else ""
+        raise ModelLoadError(
+            f"llama-cpp-python could not load its library{hint}: {printable(e, 300)}"
+        ) from e
     return llama_cpp
 
 
@@ -429,9 +437,21 @@ class LlamaCppLM:
         self._memory = llama_cpp.llama_get_memory(self.llm.ctx)
         self._seq_rm(0)
         if exact:
-            from specdec.models.exact import self_check
+            from specdec.models.exact import NotExactError, self_check
 
-            self_check(self, path.name)
+            try:
+                self_check(self, path.name)
+            except NotExactError as e:
+                verdict = getattr(self, "exact_kernels", None)
+                if verdict is None or not verdict.cached or not verdict.key:
+                    raise
+                from specdec.models.exact_kernels import checks_dir
+
+                stale = checks_dir() / f"{verdict.key}.json"
+                raise NotExactError(  # a verdict cached by another build can be stale
+                    f"{e}; the optional kernels kept came from a cached verdict ({stale}): "
+                    "delete it to check this build again"
+                ) from e
 
     @property
     def tokenizer(self) -> LlamaCppTokenizer:

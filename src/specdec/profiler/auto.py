@@ -126,7 +126,7 @@ def auto_profile(
     spec = ProfileSpec(target=target, n_ctx=n_ctx, n_threads=n_threads, **narrow)
     prompts = [p.text for p in select_prompts(None, per_category=1)]
     if cached_only:
-        return cached_profile(spec, prompts)
+        return cached_profile(spec, prompts, log)
     return run_profile(spec, prompts, log=log)
 
 

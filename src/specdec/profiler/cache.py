@@ -7,13 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from specdec.hub.paths import default_cache_dir
 from specdec.hub.safe_paths import read_regular, real_dir, write_new
 from specdec.theory import Costs
+from specdec.util import jsonbound
 from specdec.util.machine import cpu_model, package_versions
 
 SCHEMA = 1
@@ -84,16 +85,29 @@ def profile_dir(root: Path | None = None) -> Path:
     return (root if root is not None else default_cache_dir()) / "profiles"
 
 
-def load_cached(key: str, root: Path | None = None) -> dict[str, Any] | None:
+def load_cached(
+    key: str, root: Path | None = None, log: Callable[[str], None] | None = None
+) -> dict[str, Any] | None:
+    """The entry of ``key``: a JSON object holding its own key, else None (nothing there, or
+    something damaged there: ``log`` hears one line about the latter, which is then measured
+    again and replaced)."""
     path = profile_dir(root) / f"{key}.json"
+    if not os.path.lexists(path):
+        return None
     raw = read_regular(path, _MAX_PROFILE_BYTES)  # a FIFO or device there is no profile
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
-    return data if isinstance(data, dict) and data.get("key") == key else None
+    data = jsonbound.loads_or_none(raw) if raw is not None else None
+    if isinstance(data, dict) and data.get("key") == key:
+        return data
+    if log is not None:
+        why = (
+            "not a regular file, or larger than 64 MiB"
+            if raw is None
+            else "not JSON (or nested too deeply)"
+            if data is None
+            else "not an entry of this key"
+        )
+        log(f"ignoring the damaged cache entry {path} ({why}): measuring again")
+    return None
 
 
 def save(key: str, data: Mapping[str, Any], root: Path | None = None) -> Path:

@@ -34,6 +34,8 @@ from specdec.profiler.exact_price import (
     ExactPrice,
     measure_exact_price,
 )
+from specdec.util import cpuload
+from specdec.util.printable import printable
 
 Log = Callable[[str], None]
 FORMAT = 1  # of the cached entry
@@ -68,12 +70,13 @@ class ExactDefault:
         measured: ExactPrice | None = None
         if price is not None:
             try:
-                measured = ExactPrice.from_dict(price)
-            except (KeyError, TypeError, ValueError):
+                measured = ExactPrice.from_dict(price)  # every figure a number > 0
+            except ValueError:
                 return None
             if measured.default != exact:  # figures and verdict disagree: not ours
                 return None
-        return ExactDefault(exact, reason[:500], measured)
+        # the reason is printed: a file's string, escaped (no terminal escape reaches stderr)
+        return ExactDefault(exact, printable(reason, 500), measured)
 
 
 NO_MODE = (
@@ -125,6 +128,16 @@ def cached_decision(model: str, n_threads: int | None) -> ExactDefault | None:
     return ExactDefault.from_dict(cache.load_cached(default_key(model, n_threads, *ident)))
 
 
+def _cached(key: str, log: Log) -> ExactDefault | None:
+    """The decision cached under ``key``; a damaged entry is None with one line to ``log``."""
+    entry = cache.load_cached(key, log=log)
+    hit = ExactDefault.from_dict(entry)
+    if hit is None and entry is not None:
+        where = cache.profile_dir() / f"{key}.json"
+        log(f"ignoring the damaged exact-numerics decision {where}: deciding again")
+    return hit
+
+
 def build_identity() -> tuple[str, int] | None:
     """(SHA-256 of the libggml-cpu llama-cpp-python would load, its row-invariant patch
     version, 0 for the stock build); None where llama-cpp-python cannot be imported."""
@@ -155,8 +168,6 @@ def default_key(model: str, n_threads: int | None, lib_sha256: str, version: int
 
 
 Measure = Callable[[str, int | None], ExactPrice]
-# load average per core above which a measured "no" is not cached (other work on the machine)
-BUSY_LOAD = 0.5
 
 
 def exact_default(
@@ -167,21 +178,23 @@ def exact_default(
     log: Log = lambda _: None,
     measure: Measure | None = None,
     identity: tuple[str, int] | None = None,
-    load: Callable[[], float] | None = None,
 ) -> ExactDefault:
     """The decision for the GGUF at ``path`` (``model``: its store name or path, for the key):
     cached, else made now (``log`` hears it once, with the figures when measured). A "no"
-    measured while other work kept the machine busy (load average above ``BUSY_LOAD`` per
-    core before the measurement) is not cached: a busy machine's noise exceeds the 3 % rule's
-    margin, and a cached no would cost the user exactness for good; it is measured again at
-    the next use. ``measure``, ``identity`` and ``load`` replace the measurement, the build's
-    identity and the load average (tests)."""
+    measured while other processes kept the machine busy (``util.cpuload``: their share of
+    the CPUs over the measurement, the measurement's own worker processes not counted, above
+    ``$SPECDEC_BUSY_SHARE``, a quarter by default) serves this run and is not cached: a busy
+    machine's noise exceeds the 3 % rule's margin, and a cached no would cost the user
+    exactness for good; it is measured again at the next use. A "yes" is cached however busy
+    the machine was (its error costs speed, not exactness), and so is a build's failure to
+    run them. A cache that cannot be written leaves the decision to this run, in one line.
+    ``measure`` and ``identity`` replace the measurement and the build's identity (tests)."""
     ident = identity if identity is not None else build_identity()
     if ident is None:
         return ExactDefault(False, "exact numerics: llama-cpp-python is not installed")
     lib_sha, version = ident
     key = default_key(model, n_threads, lib_sha, version)
-    hit = ExactDefault.from_dict(cache.load_cached(key))
+    hit = _cached(key, log)
     if hit is not None:
         return hit
     if version <= 0:
@@ -191,31 +204,31 @@ def exact_default(
             "exact numerics (speculative output = plain decoding, token for token): measuring "
             "what they cost on this machine, once (about half a minute)"
         )
-        busy = (load or _load_average)() / max(1, os.cpu_count() or 1)
+        before = cpuload.sample()
         try:
             decision = decide((measure or _measure)(path, n_threads))
         except SpecdecError as e:  # exact numerics do not even load here (NotExactError...)
             decision = ExactDefault(
-                False, f"exact numerics are not the default here: they failed to run ({e})"
+                False,
+                f"exact numerics are not the default here: they failed to run ({printable(e)})",
             )
         else:
-            if not decision.exact and busy > BUSY_LOAD:
+            share = cpuload.others_share(before, cpuload.sample())
+            if not decision.exact and cpuload.under_load(share):
+                assert share is not None
                 log(decision.reason)
                 log(
-                    f"(measured while the machine was busy, load {busy:.1f} per core: not "
-                    "cached, measured again at the next use)"
+                    f"(measured while the machine was busy: other processes used {share:.0%} "
+                    "of the CPUs; this no serves this run, is not cached and is measured "
+                    "again at the next use)"
                 )
                 return decision
     log(decision.reason)
-    cache.save(key, decision.to_dict())
-    return decision
-
-
-def _load_average() -> float:
     try:
-        return os.getloadavg()[0]
-    except OSError:  # not available here: taken as quiet
-        return 0.0
+        cache.save(key, decision.to_dict())
+    except (OSError, SpecdecError) as e:  # decided for this run; said once, in one line
+        log(f"could not cache the exact-numerics decision in {cache.profile_dir()}: {printable(e)}")
+    return decision
 
 
 def _measure(path: str, n_threads: int | None) -> ExactPrice:

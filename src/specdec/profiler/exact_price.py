@@ -17,6 +17,7 @@ far more (benchmarks/README.md).
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -118,15 +119,37 @@ class ExactPrice:
         }
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> ExactPrice:
+    def from_dict(d: object) -> ExactPrice:
+        """The price a cache entry or a profile holds; ValueError naming the first field that
+        is not a finite number > 0 (``rounds``: an integer >= 0), since a damaged entry read
+        as figures divided by zero or by a string far from where it was read."""
+        if not isinstance(d, dict):
+            raise ValueError("the price of exact numerics is not a JSON object")
+
+        def real(name: str, optional: bool = False) -> float | None:
+            x = d.get(name)
+            if x is None and optional:  # absent from profiles cached before verify was timed
+                return None
+            if isinstance(x, bool) or not isinstance(x, int | float):
+                raise ValueError(f"{name} is {x!r}, not a number")
+            if not (math.isfinite(x) and x > 0):
+                raise ValueError(f"{name} is {x!r}, not a finite number > 0")
+            return float(x)
+
+        rounds = d.get("rounds")
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"rounds is {rounds!r}, not an integer >= 0")
+        step, exact_step = real("step_s"), real("exact_step_s")
+        prefill, exact_prefill = real("prefill_tps"), real("exact_prefill_tps")
+        assert step and exact_step and prefill and exact_prefill  # not optional: never None
         return ExactPrice(
-            step_s=d["step_s"],
-            exact_step_s=d["exact_step_s"],
-            prefill_tps=d["prefill_tps"],
-            exact_prefill_tps=d["exact_prefill_tps"],
-            rounds=d["rounds"],
-            verify_s=d.get("verify_s"),  # absent from profiles cached before verify was timed
-            exact_verify_s=d.get("exact_verify_s"),
+            step_s=step,
+            exact_step_s=exact_step,
+            prefill_tps=prefill,
+            exact_prefill_tps=exact_prefill,
+            rounds=rounds,
+            verify_s=real("verify_s", optional=True),
+            exact_verify_s=real("exact_verify_s", optional=True),
         )
 
 

@@ -24,7 +24,7 @@ from specdec.core.model import CausalLM, extend_last
 from specdec.core.vocab import check_same_vocabulary
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.suffix import SuffixDrafter
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, SpecdecError
 from specdec.models.exact_kernels import exact_attention
 from specdec.models.loader import ModelConfig, load_model
 from specdec.pairs import (
@@ -45,7 +45,7 @@ from specdec.profiler.decide import (
     Scored,
     rank,
 )
-from specdec.profiler.exact_price import measure_exact_price
+from specdec.profiler.exact_price import ExactPrice, measure_exact_price
 from specdec.profiler.measure import (
     calibrated,
     ceiling_passes,
@@ -64,8 +64,10 @@ from specdec.profiler.measure import (
 )
 from specdec.profiler.predict import Prediction, ProbeSequence, pass_ceiling_tps, predict
 from specdec.prompting import encode_prompt
-from specdec.theory import Costs
+from specdec.theory import Costs, costs_from_dict
+from specdec.util import cpuload
 from specdec.util.bounds import check_n_ctx, check_threads
+from specdec.util.printable import printable
 
 Log = Callable[[str], None]
 
@@ -154,8 +156,61 @@ class ProfileResult:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ProfileResult:
+        """A profile from its JSON, read as the decisions read it (every candidate's costs,
+        the recommendation, a ranking for a long prompt); ValueError naming what is wrong
+        with an entry of another shape (a damaged cache entry is profiled again)."""
+        if not isinstance(d, dict):
+            raise ValueError("not a JSON object")
         keys = ProfileResult.__dataclass_fields__
-        return ProfileResult(**{k: v for k, v in d.items() if k in keys})
+        try:
+            result = ProfileResult(**{k: v for k, v in d.items() if k in keys})
+            result._check()
+        except ValueError:
+            raise
+        except (TypeError, KeyError, AttributeError, IndexError, ArithmeticError) as e:
+            raise ValueError(f"{type(e).__name__}: {e}") from e
+        return result
+
+    def _check(self) -> None:
+        shapes = {
+            "spec": dict,
+            "prompt_tokens": list,
+            "costs": dict,
+            "predictions": list,
+            "checks": list,
+            "recommendation": dict,
+            "probe_accept": dict,
+            "draft_refs": dict,
+            "skipped_backends": dict,
+            "exact": dict,
+            "build": dict,
+        }
+        for name, kind in shapes.items():
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"{name} is not a JSON {kind.__name__}")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.prompt_tokens):
+            raise ValueError("prompt_tokens are not integers")
+        if not all(isinstance(v, str) for v in self.draft_refs.values()):
+            raise ValueError("draft_refs are not strings")
+        for name, accept in self.probe_accept.items():
+            if not isinstance(accept, list) or not all(
+                isinstance(a, int | float) and not isinstance(a, bool) and 0 <= a <= 1
+                for a in accept
+            ):
+                raise ValueError(f"probe_accept[{name!r}] is not a list of rates")
+        for cand, _ in self.candidates():
+            self.costs_for(cand)
+        rec = self.recommendation
+        cand = Candidate(**rec["candidate"])
+        self.costs_for(cand)
+        if isinstance(rec["k"], bool) or not isinstance(rec["k"], int) or rec["k"] < 0:
+            raise ValueError("the recommended K is not an integer >= 0")
+        str(rec["reason"])
+        if not isinstance(rec.get("exact", False), bool):
+            raise ValueError("the recommendation's exact is not true or false")
+        if self.exact:  # the price of exact numerics, read by profile's and demo's lines
+            ExactPrice.from_dict(self.exact)
+        self.rank_for(max(1, 8 * len(self.prompt_tokens)) * 4096, 128)  # a long prompt
 
     def candidates(self) -> list[tuple[Candidate, Prediction]]:
         out = []
@@ -166,9 +221,7 @@ class ProfileResult:
         return out
 
     def costs_for(self, cand: Candidate) -> Costs:
-        c = dict(self.costs[cand.label])
-        c["verify_s"] = tuple(c["verify_s"])
-        return Costs(**c)
+        return costs_from_dict(self.costs[cand.label])
 
     def rank_for(self, prompt_tokens: int, new_tokens: int) -> Recommendation:
         """The decision for one request size (prompt and output lengths)."""
@@ -203,10 +256,24 @@ def profile_cache_key(spec: ProfileSpec, prompts: Sequence[str]) -> str:
     )
 
 
-def cached_profile(spec: ProfileSpec, prompts: Sequence[str]) -> ProfileResult | None:
-    """The cached profile for ``spec`` and ``prompts``, or None (nothing is measured)."""
-    hit = cache.load_cached(profile_cache_key(spec, prompts))
-    return ProfileResult.from_dict(hit) if hit is not None else None
+def cached_profile(
+    spec: ProfileSpec, prompts: Sequence[str], log: Log = lambda _: None
+) -> ProfileResult | None:
+    """The cached profile for ``spec`` and ``prompts``, or None (nothing is measured; a
+    damaged entry is None too, and ``log`` hears one line about it)."""
+    key = profile_cache_key(spec, prompts)
+    return _read_profile(key, cache.load_cached(key, log=log), log)
+
+
+def _read_profile(key: str, hit: dict[str, Any] | None, log: Log) -> ProfileResult | None:
+    if hit is None:
+        return None
+    try:
+        return ProfileResult.from_dict(hit)
+    except ValueError as e:
+        where = cache.profile_dir() / f"{key}.json"
+        log(f"ignoring the damaged profile {where} ({printable(e, 200)}): profiling again")
+        return None
 
 
 def run_profile(
@@ -222,18 +289,31 @@ def run_profile(
         raise ConfigError("profile needs at least one probe prompt")
     key = profile_cache_key(spec, prompts)
     if not refresh:
-        hit = cache.load_cached(key)
+        hit = _read_profile(key, cache.load_cached(key, log=log), log)
         if hit is not None:
             log(f"profile: cached ({cache.profile_dir() / (key + '.json')})")
-            return ProfileResult.from_dict(hit)
+            return hit
     t0 = time.perf_counter()
     loaded: list[object] = []
+    before = cpuload.sample()
     try:
         result = _measure(spec, prompts, key, log, loader, loaded)
     finally:
         release(*loaded)
     result.seconds = time.perf_counter() - t0
-    path = cache.save(key, result.to_dict())
+    share = cpuload.others_share(before, cpuload.sample())
+    if cpuload.under_load(share):
+        assert share is not None
+        log(
+            f"profile: measured in {result.seconds:.0f} s while other processes used "
+            f"{share:.0%} of the CPUs: its figures are this run's, not cached"
+        )
+        return result
+    try:
+        path = cache.save(key, result.to_dict())
+    except (OSError, SpecdecError) as e:  # the profile is this run's; said in one line
+        log(f"profile: measured in {result.seconds:.0f} s; could not cache it: {printable(e)}")
+        return result
     log(f"profile: measured in {result.seconds:.0f} s, saved to {path}")
     return result
 

@@ -18,12 +18,15 @@ from dataclasses import asdict
 from typing import Any
 
 from specdec.core.model import CausalLM
+from specdec.errors import SpecdecError
 from specdec.models.exact_kernels import exact_attention
 from specdec.models.loader import ModelConfig
 from specdec.pairs import CostProvider, is_planned
 from specdec.profiler import cache
 from specdec.profiler.measure import PROFILE_NS, extended, target_costs
-from specdec.theory import Costs
+from specdec.theory import Costs, costs_from_dict
+from specdec.util import cpuload
+from specdec.util.printable import printable
 
 # verify passes up to this many tokens: every pass a planned or predicted draft makes (a draft
 # is capped at PLANNED_K = 64, so a pass has at most 65 rows); a draft never needs a longer
@@ -59,21 +62,51 @@ def costs_key(cfg: ModelConfig) -> str:
 def cached_target_costs(
     cfg: ModelConfig, target: CausalLM, *, log: Log = lambda _: None, refresh: bool = False
 ) -> Costs:
-    """The target's costs from the cache, or measured now (and cached)."""
+    """The target's costs from the cache, or measured now (and cached). A damaged entry is
+    measured again (``log`` hears one line); costs measured while other processes kept the
+    machine busy (``util.cpuload``) serve this run and are not cached; a cache that cannot
+    be written costs a measurement per run, said in one line, never the run."""
     key = costs_key(cfg)
     if not refresh:
-        hit = cached_costs(cache.load_cached(key))
+        entry = cache.load_cached(key, log=log)
+        hit = cached_costs(entry)
         if hit is not None:
             return hit
+        if entry is not None:
+            log(
+                f"the cached costs {cache.profile_dir() / (key + '.json')} are damaged "
+                f"({cost_damage(entry)}): measuring again"
+            )
     n_max, context = fitted_passes(target.n_ctx)
     log(
         f"measuring the target's verify cost on this machine once (passes of 1..{n_max} "
         f"tokens{'; cached' if n_max == N_MAX else ''})"
     )
+    before = cpuload.sample()
     costs = target_costs(target, n_max=n_max, context_tokens=context, repeats=REPEATS)
+    share = cpuload.others_share(before, cpuload.sample())
+    if cpuload.under_load(share):
+        assert share is not None
+        log(
+            f"other processes used {share:.0%} of the CPUs while the costs were measured: "
+            "they serve this run and are not cached (measured again next time)"
+        )
+        return costs
     if n_max == N_MAX:  # a window too small for the full curve: measured for this load only
-        cache.save(key, {"costs": asdict(costs), "model": cfg.model})
+        try:
+            cache.save(key, {"costs": asdict(costs), "model": cfg.model})
+        except (OSError, SpecdecError) as e:  # measured for this run; said once, in one line
+            log(f"could not cache the costs in {cache.profile_dir()}: {printable(e, 300)}")
     return costs
+
+
+def cost_damage(entry: dict[str, Any]) -> str:
+    """Why a cache entry holds no costs (for the one line that says so)."""
+    try:
+        costs_from_dict(entry.get("costs"))
+    except ValueError as e:
+        return printable(e, 200)
+    return f"a curve shorter than {N_MAX} passes"
 
 
 def fitted_passes(n_ctx: int, context_tokens: int = 100) -> tuple[int, int]:
@@ -89,17 +122,13 @@ def fitted_passes(n_ctx: int, context_tokens: int = 100) -> tuple[int, int]:
 def cached_costs(entry: dict[str, Any] | None) -> Costs | None:
     """The costs of a cache entry, or None where it holds none or a curve shorter than
     ``N_MAX`` passes (then they are measured again)."""
-    if entry is None or not isinstance(entry.get("costs"), dict):
+    if entry is None:
         return None
-    c = dict(entry["costs"])
-    verify = c.get("verify_s")
-    if not isinstance(verify, list) or len(verify) < N_MAX:
-        return None
-    c["verify_s"] = tuple(float(v) for v in verify)
     try:
-        return Costs(**c)
-    except TypeError:  # fields of another version
+        costs = costs_from_dict(entry.get("costs"))  # every field a number of its range
+    except ValueError:  # damaged, or fields of another version
         return None
+    return costs if len(costs.verify_s) >= N_MAX else None
 
 
 def cost_provider(

@@ -7,6 +7,8 @@ generation.py  request -> generation parameters -> the worker's job -> statistic
 schemas.py     pydantic request/response shapes (field bounds = the CLI's rules)
 errors.py      OpenAI-style error bodies
 middleware.py  body-size limit and per-endpoint request counts (pure ASGI)
+server.py      uvicorn with a connection guard (header deadline, connection bound), bounded
+               logs and a drain on shutdown (``run``, ``make_server``)
 metrics.py     server-wide counters in the Prometheus text format
 
 Needs the ``serve`` extra: ``pip install 'specdec[serve]'``.

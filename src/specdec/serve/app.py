@@ -27,9 +27,8 @@ from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from specdec.api import Pair
 from specdec.core.model import CausalLM
@@ -38,6 +37,15 @@ from specdec.errors import SpecdecError
 from specdec.pairs import pair_context_limit
 from specdec.prompting import check_text, encode_text
 from specdec.request import GenerationRequest
+from specdec.serve.admission import (
+    Admission,
+    ClientGone,
+    Slots,
+    Turn,
+    longest_token_chars,
+    text_bound,
+    watched,
+)
 from specdec.serve.engine import Engine, Failed, Finished, Job, QueueFull, ShuttingDown
 from specdec.serve.errors import APIError, FieldError, error_response, validation_error
 from specdec.serve.generation import (
@@ -93,6 +101,9 @@ ENDPOINTS = (
     "/tokenizer_info",
 )
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
+PING_S = 15.0  # a stream with nothing to send for this long sends a comment (kept alive)
+SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+SHUT_DOWN = "the server is shutting down; the request was cancelled"
 
 
 @dataclass(frozen=True)
@@ -117,13 +128,14 @@ class _State:
     engine: Engine
     metrics: ServerMetrics
     created: int
+    token_chars: int  # the most characters one token of the target decodes to
     tokenize_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def completion_ids(self, req: CompletionRequest) -> list[list[int]]:
+    def completion_ids(self, req: CompletionRequest, turn: Turn) -> list[list[int]]:
         """The prompts' ids; tokenizer calls one request at a time (a transformers tokenizer
         may reconfigure itself inside a call; decoding on the worker thread only reads it)."""
         special = self.config.settings.parse_special
-        return [text_prompt(self.pair, req, self.tokenize_lock, special, p) for p in req.prompts()]
+        return [text_prompt(self.pair, req, turn, special, p) for p in req.prompts()]
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         """``/tokenize``: the ids a completions prompt of ``text`` gets (special-token text
@@ -166,16 +178,49 @@ class _State:
             text: str = self.pair.target.tokenizer.decode(ids)
         return text
 
-    def chat_ids(self, req: ChatRequest) -> list[int]:
+    def chat_ids(self, req: ChatRequest, turn: Turn) -> list[int]:
         """The messages' ids: the template renders outside the lock (in a worker process),
         the tokenizer's calls inside it."""
         special = self.config.settings.parse_special
-        return chat_prompt(self.pair, req, self.tokenize_lock, special)
+        return chat_prompt(self.pair, req, turn, special)
 
-    def prediction_ids(self, req: GenerationFields) -> list[int]:
+    def prediction_ids(self, req: GenerationFields, turn: Turn) -> list[int]:
         """The request's prediction as ids ([] without one), tokenized under the lock."""
         special = self.config.settings.parse_special
-        return prediction_ids(self.pair, req, self.tokenize_lock, special)
+        return prediction_ids(self.pair, req, turn, special)
+
+    def check_sizes(self, req: GenerationFields) -> None:
+        """Text that cannot fit the window whatever it tokenizes to: a 400 before the
+        tokenizer sees it (``admission.text_bound``)."""
+        n_ctx = pair_context_limit(self.pair.draft, self.pair.target)
+        if isinstance(req, ChatRequest):
+            chars = sum(len(m.text()) for m in req.messages)
+            text_bound(chars, n_ctx, self.token_chars, "messages")
+        elif isinstance(req, CompletionRequest):
+            for one in req.prompts():  # each prompt is a choice group's own context
+                if isinstance(one, str):
+                    text_bound(len(one), n_ctx, self.token_chars, "prompt")
+        if req.prediction is not None:  # more than any output could be
+            text_bound(len(req.prediction.text()), n_ctx, self.token_chars, "prediction")
+
+    async def prepared(
+        self,
+        req: GenerationFields,
+        request: Request,
+        encode: Callable[[Turn], list[list[int]]],
+    ) -> tuple[list[list[int]], list[int]] | None:
+        """(each prompt's ids, prediction ids), tokenized off the event loop in the
+        tokenizer's turn; None when the client left before either was tokenized or before
+        queueing."""
+        self.check_sizes(req)
+        async with watched(request.is_disconnected) as gone:
+            turn = Turn(self.tokenize_lock, gone)
+            try:
+                ids = await asyncio.to_thread(encode, turn)
+                pred = await asyncio.to_thread(self.prediction_ids, req, turn)
+            except ClientGone:
+                return None
+            return None if gone.is_set() else (ids, pred)
 
 
 def _reset_caches(pair: Pair) -> None:
@@ -194,6 +239,7 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
         engine=Engine(config.max_queue, on_failure=lambda: _reset_caches(pair)),
         metrics=ServerMetrics(),
         created=int(time.time()),
+        token_chars=longest_token_chars(pair.target.tokenizer, pair.target.vocab_size),
     )
 
     @asynccontextmanager
@@ -232,8 +278,10 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
     async def completions(req: CompletionRequest, request: Request) -> Response:
         _check_model(req, config)
         req.check()  # before any tokenizing
-        ids = await asyncio.to_thread(state.completion_ids, req)  # off the event loop
-        pred = await asyncio.to_thread(state.prediction_ids, req)
+        got = await state.prepared(req, request, lambda turn: state.completion_ids(req, turn))
+        if got is None:
+            return Response(status_code=499)  # the client left: nothing tokenized or queued
+        ids, pred = got
         params = plan_choices(pair, req, ids, config.settings, pred)
         await asyncio.to_thread(check_constraint, pair, params[0])
         wire = Wire(req.echo, req.return_tokens_as_token_ids, req.prompt_logprobs)
@@ -243,10 +291,12 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
     async def chat_completions(req: ChatRequest, request: Request) -> Response:
         _check_model(req, config)
         req.check()
-        ids = await asyncio.to_thread(state.chat_ids, req)
-        pred = await asyncio.to_thread(state.prediction_ids, req)
+        got = await state.prepared(req, request, lambda turn: [state.chat_ids(req, turn)])
+        if got is None:
+            return Response(status_code=499)
+        ids, pred = got
         constraint = chat_constraint(pair, req)
-        params = plan_choices(pair, req, [ids], config.settings, pred, constraint)
+        params = plan_choices(pair, req, ids, config.settings, pred, constraint)
         await asyncio.to_thread(check_constraint, pair, params[0])
         wire = Wire(False, req.return_tokens_as_token_ids, req.prompt_logprobs)
         tools = template_tools(req) is not None
@@ -274,6 +324,12 @@ def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
 
     app.add_middleware(
         BodyLimit, max_bytes=config.max_body_bytes, max_seconds=config.body_timeout_s
+    )
+    app.add_middleware(  # a slot before the body is read (``admission``)
+        Admission,
+        slots=Slots(config.max_queue + 1),
+        closing=lambda: state.engine.closing,
+        retry_after=state.engine.retry_after,
     )
     app.add_middleware(CountRequests, record=record)
     return app
@@ -384,7 +440,9 @@ async def _respond(
         events = _sse(
             job, ids, chat=chat, include_usage=include_usage, n_prompt=n_prompt, tools=tools
         )
-        return EventSourceResponse(events, ping=15)
+        # Starlette's own streaming response: it stops the stream when the client leaves, and
+        # nothing else (sse-starlette's cut every stream at a shutdown signal, without [DONE])
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     try:
         while True:
             try:
@@ -401,7 +459,7 @@ async def _respond(
         job.cancel()  # no-op when finished; stops the generation when the client left
     choices: list[ChoiceResult] | None = message.value
     if choices is None:  # cancelled by a shutdown
-        raise APIError(503, "the server is shutting down; the request was cancelled")
+        raise APIError(503, SHUT_DOWN, code="shutting_down")
     return JSONResponse(_final_body(choices, ids, chat=chat, n_prompt=n_prompt, tools=tools))
 
 
@@ -539,26 +597,48 @@ def _stats(result: GenerationResult, n_prompt: int | None = None) -> tuple[Usage
     return Usage.model_validate(usage(result, n_prompt)), Timings.model_validate(timings(result))
 
 
+def _event(data: str) -> str:
+    """One server-sent event (``data`` is one line: JSON or [DONE])."""
+    return f"data: {data}\n\n"
+
+
+def _error_event(message: str, *, status: int, code: str | None = None) -> str:
+    body = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if status == 400 else "server_error",
+            "param": None,
+            "code": code,
+        }
+    }
+    return _event(json.dumps(body))
+
+
 async def _sse(
     job: Job, ids: _Ids, *, chat: bool, include_usage: bool, n_prompt: int, tools: bool = False
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[str]:
     """OpenAI chunks: a role chunk per choice (chat), text chunks as rounds are accepted,
     a chunk with each choice's finish reason (the last with the statistics of all), then
     ``[DONE]``; choices come one after another, each chunk naming its index. With ``tools``,
     a choice's text from ``<tool_call>`` on is held back and sent as ``tool_calls`` deltas
-    when the choice ends. A client that goes away cancels the generation (sse-starlette
-    cancels this generator; ``finally`` tells the job)."""
+    when the choice ends. A failure or a shutdown ends it with an error event, then
+    ``[DONE]``. A client that goes away cancels the generation (Starlette cancels this
+    generator; ``finally`` tells the job)."""
     try:
         started: set[int] = set()
         done: list[ChoiceResult] = []
         splitters: dict[int, CallSplitter] = {}  # with tools, per choice
         called: set[int] = set()  # choices that ended in tool calls
         while True:
-            message = await job.next()
+            try:
+                message = await asyncio.wait_for(job.next(), PING_S)
+            except TimeoutError:
+                yield ": ping\n\n"  # a comment: clients skip it, proxies see traffic
+                continue
             if isinstance(message, Piece):
                 if chat and message.index not in started:
                     started.add(message.index)
-                    yield ServerSentEvent(
+                    yield _event(
                         _chunk(ids, chat=True, text="", role="assistant", index=message.index)
                     )
                 text = message.text
@@ -566,7 +646,7 @@ async def _sse(
                     text = splitters.setdefault(message.index, CallSplitter()).feed(text)
                     if not text:
                         continue
-                yield ServerSentEvent(
+                yield _event(
                     _chunk(
                         ids,
                         chat=chat,
@@ -579,18 +659,16 @@ async def _sse(
             if isinstance(message, ChoiceResult):
                 if chat and message.index not in started:  # a choice without any text
                     started.add(message.index)
-                    yield ServerSentEvent(
+                    yield _event(
                         _chunk(ids, chat=True, text="", role="assistant", index=message.index)
                     )
                 if tools:
                     rest, calls = splitters.pop(message.index, CallSplitter()).finish()
                     if rest:
-                        yield ServerSentEvent(
-                            _chunk(ids, chat=chat, text=rest, index=message.index)
-                        )
+                        yield _event(_chunk(ids, chat=chat, text=rest, index=message.index))
                     if calls:
                         deltas = [call.as_openai(i) for i, call in enumerate(calls)]
-                        yield ServerSentEvent(
+                        yield _event(
                             _chunk(ids, chat=chat, text=None, index=message.index, calls=deltas)
                         )
                         called.add(message.index)
@@ -598,21 +676,16 @@ async def _sse(
                 continue
             if isinstance(message, Failed):
                 err = message.error
-                status, text = (400, str(err)) if isinstance(err, ValueError) else (500, "")
-                body = {
-                    "error": {
-                        "message": text or "internal error during generation",
-                        "type": "invalid_request_error" if status == 400 else "server_error",
-                        "param": None,
-                        "code": None,
-                    }
-                }
-                yield ServerSentEvent(json.dumps(body))
-                yield ServerSentEvent("[DONE]")
+                if isinstance(err, ValueError):
+                    yield _error_event(str(err), status=400)
+                else:
+                    yield _error_event("internal error during generation", status=500)
+                yield _event("[DONE]")
                 return
             assert isinstance(message, Finished)
-            if message.value is None:  # cancelled (server shutting down)
-                yield ServerSentEvent("[DONE]")
+            if message.value is None:  # cancelled by a shutdown (queued, or past the drain)
+                yield _error_event(SHUT_DOWN, status=503, code="shutting_down")
+                yield _event("[DONE]")
                 return
             res = merged([c.completion.result for c in done])
             for j, c in enumerate(done):
@@ -622,7 +695,7 @@ async def _sse(
                     else openai_finish_reason(c.completion.finish_reason)
                 )
                 last = j == len(done) - 1
-                yield ServerSentEvent(
+                yield _event(
                     _chunk(
                         ids,
                         chat=chat,
@@ -634,12 +707,12 @@ async def _sse(
                     )
                 )
             if include_usage:  # OpenAI's usage-only chunk
-                yield ServerSentEvent(
+                yield _event(
                     _chunk(
                         ids, chat=chat, text=None, result=res, n_prompt=n_prompt, with_choice=False
                     )
                 )
-            yield ServerSentEvent("[DONE]")
+            yield _event("[DONE]")
             return
     finally:
         job.cancel()

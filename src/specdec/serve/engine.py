@@ -109,15 +109,23 @@ class Engine:
         as ``Finished``, an exception as ``Failed``. Raises QueueFull or ShuttingDown."""
         if self.closing:
             raise ShuttingDown("the server is shutting down")
-        if len(self._jobs) > self.max_queue:
-            wait = self._mean_seconds * len(self._jobs)
-            raise QueueFull(max(1, min(600, math.ceil(wait))))
+        if self._live() > self.max_queue:
+            raise QueueFull(self.retry_after())
         loop = asyncio.get_running_loop()
         job = Job(loop)
         self._jobs.add(job)
         future = loop.run_in_executor(self._executor, self._run, job, work)
         future.add_done_callback(lambda _: self._finished(job))
         return job
+
+    def _live(self) -> int:
+        """Jobs admitted and not finished, less the queued ones already cancelled (their
+        clients left: the worker skips them)."""
+        return sum(1 for j in self._jobs if j is self._running or not j.cancelled.is_set())
+
+    def retry_after(self) -> int:
+        """Seconds a refused request should wait: recent jobs' mean time per job ahead."""
+        return max(1, min(600, math.ceil(self._mean_seconds * max(1, self._live()))))
 
     def _run(self, job: Job, work: Work) -> None:
         """Worker side: run one job to its end."""
@@ -144,6 +152,24 @@ class Engine:
         if job.started is not None:
             took = time.perf_counter() - job.started
             self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * took
+
+    def begin_shutdown(self, grace_s: float) -> None:
+        """A shutdown begins (event-loop side): take no new work, answer the queued jobs now
+        (``Finished(None)``: they never run), and let the running one go on for ``grace_s``
+        seconds before it is cancelled (it stops at its next round)."""
+        if self.closing:
+            return
+        self.closing = True
+        for job in list(self._jobs):
+            if job.started is None:  # still queued (the worker has not picked it up)
+                job.cancel()
+                job.emit(Finished(None))
+        loop = asyncio.get_running_loop()
+        loop.call_later(grace_s, self._cancel_all)
+
+    def _cancel_all(self) -> None:
+        for job in list(self._jobs):
+            job.cancel()
 
     async def shutdown(self) -> None:
         """Take no new work, cancel what is queued or running (it stops at its next round),

@@ -8,7 +8,9 @@ escapes every character that is not printable (control characters, format charac
 the bidirectional overrides, line and paragraph separators, lone surrogates) the way Python
 writes them in a string literal (``\\x1b``, ``\\n``, ``\\u202e``), and can bound the length.
 It is the one helper for such text: the CLI's error line goes through it, and so does every
-line the commands print that can hold outside text.
+line the commands print that can hold outside text. ``md_text`` and ``md_code`` do the same
+for a Markdown file (a certificate, a report): printable, then nothing in the text can start
+Markdown or HTML (a server's model id broke out of its backticks into ``<img onerror>``).
 """
 
 from __future__ import annotations
@@ -55,3 +57,37 @@ def quoted_list(items: Iterable[object], *, most: int = 10, limit: int = 80) -> 
         else:
             extra += 1
     return ", ".join(shown) + (f", ... and {extra:,} more" if extra else "")
+
+
+# -- Markdown (and the HTML a Markdown renderer passes through) ---------------------------------
+
+# ASCII punctuation that can start Markdown or HTML syntax inside a line: emphasis, code, links
+# and images, raw HTML and entities, table cells, strikethrough, headings, autolinks
+_MD_SPECIAL = frozenset("\\`*_[]<>()!|~#&{}")
+
+
+def md_text(text: object, limit: int | None = None) -> str:
+    """Outside text for a Markdown line: ``printable`` (one line, no control characters),
+    then every character that could start Markdown or HTML backslash-escaped (CommonMark
+    escapes any ASCII punctuation), so a server's model id or a file's field shows as the
+    characters it is: ``<img onerror=...>`` stays text, ``[a](b)`` is no link, ``|`` splits
+    no table cell."""
+    s = printable(text, limit)
+    if any(ch in _MD_SPECIAL for ch in s):
+        s = "".join(f"\\{ch}" if ch in _MD_SPECIAL else ch for ch in s)
+    return s
+
+
+def md_code(text: object, limit: int | None = None) -> str:
+    """Outside text as a Markdown code span: ``printable``, fenced by one backtick more than
+    the longest run of backticks in it (so none closes the span early), with a space inside
+    each fence where the text starts or ends with a backtick. Inside a code span, Markdown
+    and HTML are literal text."""
+    s = printable(text, limit)
+    longest = run = 0
+    for ch in s:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * (longest + 1)
+    pad = " " if s.startswith("`") or s.endswith("`") or not s.strip() else ""
+    return f"{fence}{pad}{s}{pad}{fence}"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import ConfigError
-from specdec.util.printable import printable
+from specdec.util.printable import md_code, md_text
 
 from .records import GroupKey, group_key, read_records
 
@@ -49,6 +49,9 @@ class LevelSummary:
     throughput_ratio: float  # on / off
     e2e_speedup: float  # geometric mean of off e2e / on e2e over paired requests
     n_pairs: int
+    # pairs left out of the e2e speedup: the two replies differ in length (a reply cut
+    # short, or outputs that differ), so their times are not of the same work
+    n_unequal: int = 0
 
 
 def complete_requests(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -122,10 +125,15 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[LevelSummary]:
         on, off = _side(on_r, pick_groups("on")), _side(off_r, pick_groups("off"))
         off_by = {(r["repeat"], r["group"], r["slot"]): r for r in off_r}
         logs = []
+        unequal = 0
         for r in on_r:
             o = off_by.get((r["repeat"], r["group"], r["slot"]))
-            if o is not None and r["e2e_s"] > 0 and o["e2e_s"] > 0:
-                logs.append(math.log(o["e2e_s"] / r["e2e_s"]))
+            if o is None or not (r["e2e_s"] > 0 and o["e2e_s"] > 0):
+                continue
+            if r.get("n_tokens") != o.get("n_tokens"):
+                unequal += 1  # another amount of work: no pair
+                continue
+            logs.append(math.log(o["e2e_s"] / r["e2e_s"]))
         out.append(
             LevelSummary(
                 mode=mode,
@@ -137,6 +145,7 @@ def summarise(records: Sequence[dict[str, Any]]) -> list[LevelSummary]:
                 else math.nan,
                 e2e_speedup=math.exp(statistics.fmean(logs)) if logs else math.nan,
                 n_pairs=len(logs),
+                n_unequal=unequal,
             )
         )
     return out
@@ -157,8 +166,9 @@ def _f(x: float | int | None, digits: int = 1) -> str:
 
 
 def _shown(x: Any) -> str:
-    """A header field from the results file, printable and bounded (it may hold anything)."""
-    return printable(x if x is not None else "n/a", 200)
+    """A header field from the results file for the Markdown report: printable, bounded and
+    escaped (it may hold anything: a server's model id, its notes)."""
+    return md_text(x if x is not None else "n/a", 200)
 
 
 def _fields(x: Any) -> dict[str, Any]:
@@ -193,7 +203,9 @@ def render(records: Sequence[dict[str, Any]], plot_name: str | None = None) -> s
     h = headers[-1]
     levels = summarise(records)
     lines = ["# Endpoint benchmark: speculation on vs off", ""]
-    lines.append(f"- model: `{_shown(h.get('model'))}` ({_shown(h.get('api'))} API)")
+    model = h.get("model")
+    lines.append(f"- model: {md_code(model if model is not None else 'n/a', 200)}")
+    lines[-1] += f" ({_shown(h.get('api'))} API)"
     if h.get("switch") == "per-request":
         lines.append(f"- server: {_shown(h.get('endpoint_on'))}; spec-off requests send n_max = 0")
     else:
@@ -213,7 +225,7 @@ def render(records: Sequence[dict[str, Any]], plot_name: str | None = None) -> s
         lines.append(f"- note: {_shown(note)}")
     lines.append("")
     for mode in dict.fromkeys(s.mode for s in levels):
-        lines += [f"## {mode}", ""]
+        lines += [f"## {_shown(mode)}", ""]
         lines.append(
             "| clients | in flight (peak / mean) | side | requests | TTFT ms (median) | "
             "decode tok/s (median) | e2e s (median) | throughput tok/s | acceptance |"
@@ -228,12 +240,16 @@ def render(records: Sequence[dict[str, Any]], plot_name: str | None = None) -> s
                     f"{_f(side.throughput_tps)} | {_f(side.acceptance, 3)} |"
                 )
         lines += short_of_concurrency(rows)
-        lines += ["", "| clients | throughput on/off | e2e speedup (paired, geomean) | pairs |"]
-        lines.append("|---|---|---|---|")
+        lines += [
+            "",
+            "| clients | throughput on/off | e2e speedup (paired, geomean) | pairs | "
+            "left out (lengths differ) |",
+        ]
+        lines.append("|---|---|---|---|---|")
         for s in rows:
             lines.append(
                 f"| {s.concurrency} | {_f(s.throughput_ratio, 2)}x | {_f(s.e2e_speedup, 2)}x | "
-                f"{s.n_pairs} |"
+                f"{s.n_pairs} | {s.n_unequal} |"
             )
         stop = stops_paying(levels, mode)
         lines.append("")

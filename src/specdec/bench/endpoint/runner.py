@@ -238,6 +238,8 @@ async def run_endpoint_bench(
                 outcome.notes.append(f"cut a partial last line off {out} before resuming")
             done = finished_groups(records)
             short: dict[tuple[str, int, str], int] = {}  # the fewest requests on the wire
+            lengths: dict[tuple[str, int, int, int], list[list[int | None]]] = {}
+            unequal = 0  # slots whose two replies differ in length
             writer.append(header)
             scrape = {
                 "on": has_known_series(await on.scrape_metrics() or {}),
@@ -254,15 +256,25 @@ async def run_endpoint_bench(
                                     outcome.skipped_groups += 1
                                     continue
                                 client = on if side == "on" else off
-                                peak = await _measure_group(
+                                peak, n_tokens = await _measure_group(
                                     client, slots, key, plan, sides, writer, scrape[side]
                                 )
                                 outcome.measured_groups += 1
+                                both = lengths.setdefault((mode, c, repeat, g), [])
+                                both.append(n_tokens)
+                                if len(both) == 2:
+                                    unequal += sum(a != b for a, b in zip(*both, strict=True))
                                 if peak < c:
                                     short[(mode, c, side)] = min(
                                         peak, short.get((mode, c, side), c)
                                     )
                         log(f"mode {mode}, concurrency {c}, repeat {repeat + 1}: done")
+            if unequal:
+                outcome.notes.append(
+                    f"{unequal} request(s) got replies of different lengths from the two sides "
+                    "(a reply cut short, or outputs that differ): left out of the paired "
+                    "end-to-end speedup (the report counts them)"
+                )
     for (mode, c, side), peak in short.items():
         outcome.notes.append(
             f"{mode}, {c} clients, spec-{side}: in a group only {peak} requests were on the "
@@ -279,8 +291,9 @@ async def _measure_group(
     sides: Sides,
     writer: ResultsWriter,
     scrape: bool,
-) -> int:
-    """Measure one group and write its records; the most requests it had on the wire."""
+) -> tuple[int, list[int | None]]:
+    """Measure one group and write its records: the most requests it had on the wire, and
+    each slot's reply length."""
     mode, c, repeat, group, side = key
     before = await client.scrape_metrics() if scrape else None
     client.in_flight.open_window()
@@ -313,4 +326,4 @@ async def _measure_group(
             "metrics_accepted": scraped.accepted if scraped else None,
         }
     )
-    return sent.peak
+    return sent.peak, [r.n_tokens for r, _ in replies]

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from specdec.util.printable import printable
+from specdec.util.printable import md_code, md_text
 
 from .certificate import LIMITS, VERDICT, EndpointCertificate
 from .pertoken import ALTERNATIVES
@@ -24,11 +24,12 @@ def _f(x: float | None, spec: str = ".3g") -> str:
 def render_markdown(cert: EndpointCertificate) -> str:
     p = cert.plan
     out = [f"# Endpoint certificate: {VERDICT[cert.status]}", ""]
-    # the model name is the server's own (its /v1/models list): printed escaped, as notes are
-    out += [f"- sides: {printable(cert.sides)}", f"- model: `{printable(cert.model, 200)}`"]
-    out[-1] += f" ({cert.api} API)"
+    # the model name is the server's own (its /v1/models list), the notes and divergences hold
+    # its text: each escaped for Markdown (util.printable), never able to open a link or HTML
+    out += [f"- sides: {md_text(cert.sides)}", f"- model: {md_code(cert.model, 200)}"]
+    out[-1] += f" ({md_text(cert.api)} API)"
     if cert.command:
-        out.append(f"- command: `{cert.command}`")
+        out.append(f"- command: {md_code(cert.command)}")
     out.append(f"- time: {cert.seconds:.0f} s (where it went: the Time section)")
     if p.get("n_predictions"):
         out.append(
@@ -38,7 +39,7 @@ def render_markdown(cert: EndpointCertificate) -> str:
     if cert.drafted_on is not None:
         out.append(f"- spec-on drafted {cert.drafted_on} tokens, accepted {cert.accepted_on}")
     for n in cert.notes:
-        out.append(f"- note: {printable(n)}")
+        out.append(f"- note: {md_text(n)}")
     out += ["", "## Greedy agreement", ""]
     out.append(
         f"{len(cert.greedy)} prompts, {p['greedy_tokens']} tokens, temperature 0; a divergence "
@@ -50,9 +51,14 @@ def render_markdown(cert: EndpointCertificate) -> str:
         if c.status == "identical":
             out.append(f"- prompt {i + 1}: identical ({len(c.on_text)} characters)")
             continue
-        out.append(f"- prompt {i + 1}: **{c.status}** at character {c.char_index}: {c.reason}")
-        out.append(f"  - before: {c.context!r}")
-        out.append(f"  - spec-on: {c.on_next!r}; spec-off: {c.off_next!r}")
+        out.append(
+            f"- prompt {i + 1}: **{md_text(c.status)}** at character {c.char_index}: "
+            f"{md_text(c.reason)}"
+        )
+        out.append(f"  - before: {md_code(repr(c.context))}")
+        out.append(
+            f"  - spec-on: {md_code(repr(c.on_next))}; spec-off: {md_code(repr(c.off_next))}"
+        )
         if c.token_index is not None:
             out.append(
                 f"  - tokens from {c.token_index}: spec-on {list(c.on_tokens or ())}, "
@@ -92,7 +98,7 @@ def render_markdown(cert: EndpointCertificate) -> str:
             "n/a when no such shift exists)."
         )
     out += _pertoken_section(cert)
-    out += ["", "## Power", "", cert.power_line()]
+    out += ["", "## Power", "", md_text(cert.power_line())]  # it may quote a server
     out += _timing_section(cert)
     out += ["", "## What this cannot show", ""]
     out += [f"- {limit}" for limit in LIMITS]
@@ -113,7 +119,7 @@ def _pertoken_section(cert: EndpointCertificate) -> list[str]:
     out = ["", "## Per-token test", ""]
     pt = cert.pertoken
     if pt is None:
-        return [*out, f"Not run: {printable(cert.pertoken_note or 'no sampled part')}."]
+        return [*out, f"Not run: {md_text(cert.pertoken_note or 'no sampled part')}."]
     u = pt.uniformity
     out.append(
         f"{pt.n_tokens} tokens of {pt.n_completions} spec-on completions, each scored against "
