@@ -223,16 +223,29 @@ def test_every_load_goes_through_the_check(
 
     monkeypatch.setenv(FAULT_ENV, "segv:AMX")
     monkeypatch.setenv("SPECDEC_KERNEL_CHECKS", str(tmp_path))
-    # exact numerics keep the optional kernels that pass both checks: the kernel check first.
-    # The exact model loads first: ggml reads its kernel switches (the tiled path, the exact
-    # build's row-invariant mode) once per process, at the first product, so an exact model
-    # loaded after a default one has run is refused by its self-check (models.exact)
-    exact = load_model(ModelConfig(str(smol), n_ctx=128, n_threads=threads(), exact=True))
-    assert exact.kernels is not None and exact.kernels.choice == "avoid:AMX"  # type: ignore[attr-defined]
-    assert exact.exact_kernels.groups == ()  # type: ignore[attr-defined]  # Q4_1: none repacked
     lm = load_model(ModelConfig(str(smol), n_ctx=128, n_threads=threads(), exact=False))
     assert lm.kernels is not None and lm.kernels.choice == "avoid:AMX"  # type: ignore[attr-defined]
     assert lm.extend([1, 2, 3]).shape == (3, 49152)
+    # exact numerics keep the optional kernels that pass both checks: the kernel check first.
+    # In a process of its own: ggml reads its kernel switches (the tiled path, the patched
+    # build's row-invariant mode) once per process, at the first product, so an exact model
+    # loaded where a default one has run is refused by its self-check (models.exact)
+    code = (
+        "import sys\n"
+        "from specdec.models.loader import ModelConfig, load_model\n"
+        f"m = load_model(ModelConfig(sys.argv[1], n_ctx=128, n_threads={threads()}, exact=True))\n"
+        "print(m.kernels.choice, list(m.exact_kernels.groups))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(smol)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")},
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "avoid:AMX []"  # Q4_1: no group repacked
 
 
 def test_the_command_line_survives_a_crashing_kernel_and_says_so(
