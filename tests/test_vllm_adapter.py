@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "integrations/vllm/src"))
 
-from specdec_vllm import settings, wire  # noqa: E402
+from specdec_vllm import fault, settings, wire  # noqa: E402
 from specdec_vllm.drafting import PredictionDrafts, Row  # noqa: E402
 from specdec_vllm.step_costs import MIN_SAMPLES, PRIOR_SLOPE, WARMUP, StepClock  # noqa: E402
 
@@ -143,6 +143,40 @@ def test_the_step_costs_setting_fixes_the_clocks_line() -> None:
             clock.observe(t, sec)
     assert clock.line() == (1.0, 0.5)  # what the steps took does not move a fixed line
     assert clock.seconds(3) == pytest.approx(2.0)
+
+
+def test_the_fault_setting_keeps_every_draft_and_is_off_unless_asked() -> None:
+    """The fault fixture of the vLLM checks (``SPECDEC_VLLM_FAULT=keep-drafts``) on a stand-in
+    for vLLM's rejection module: the greedy kernel sees the drafts as the target's argmax
+    (padded positions keep the target's), its other attributes are its own, and nothing is
+    changed without the variable."""
+    import torch
+
+    assert settings.Settings.from_env(16, {}).fault is None
+    assert settings.Settings.from_env(16, {fault.FAULT_ENV: "keep-drafts"}).fault == "keep-drafts"
+    with pytest.raises(ValueError, match=fault.FAULT_ENV):
+        settings.Settings.from_env(16, {fault.FAULT_ENV: "keep"})
+
+    seen: list[list[int]] = []
+
+    class Kernel:
+        warmups = 1
+
+        def __call__(self, out: Any, cu: Any, drafts: Any, argmax: Any, *rest: Any) -> None:
+            seen.append(argmax.tolist())
+
+    module = type("Module", (), {"_rejection_greedy_sample": Kernel()})()
+    assert not fault.install_fault(None, module) and isinstance(
+        module._rejection_greedy_sample, Kernel
+    )
+    assert fault.install_fault("keep-drafts", module)
+    assert fault.install_fault("keep-drafts", module)  # once: not wrapped twice
+    kernel = module._rejection_greedy_sample
+    assert isinstance(kernel, fault.KeepDrafts) and isinstance(kernel.kernel, Kernel)
+    assert kernel.warmups == 1
+    argmax = torch.tensor([5, 6, 7, 8])
+    kernel(None, torch.tensor([2, 4]), torch.tensor([1, 2, 3, -1]), argmax, 4)
+    assert seen == [[1, 2, 3, 8]] and argmax.tolist() == [5, 6, 7, 8]
 
 
 # -- the step clock -----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """specdec-vllm inside vLLM: servers of vLLM's OpenAI API on a tiny random model built here,
 one without speculation, one with the plugin, and one with the plugin and vLLM's rejection
-turned off (``rejection_sample_method: synthetic``, every draft kept: the fault the checks
-must catch).
+turned off (``SPECDEC_VLLM_FAULT=keep-drafts``, every draft kept: the fault the checks must
+catch; vLLM's own ``rejection_sample_method: synthetic`` is refused by vLLM CPU's kernel).
 
 Needs a vLLM environment (default ``/tmp/specdec-engines/vllm-venv``, made by
 ``benchmarks/engines/setup_vllm.sh``; another with ``SPECDEC_VLLM_PYTHON``) into which
@@ -193,11 +193,6 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     )
     record = base / "steps.jsonl"
     spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": K}
-    fault = {
-        **spec,
-        "rejection_sample_method": "synthetic",
-        "synthetic_acceptance_rates": [1.0] * K,
-    }
     started: list[Server] = []
     try:
         started.append(_start(model, base, "plain", plugins, None))
@@ -207,7 +202,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
                 model, base, "plugin", plugins, spec, {**env, "SPECDEC_VLLM_RECORD": str(record)}
             )
         )
-        started.append(_start(model, base, "fault", plugins, fault, env))
+        fault = {**env, "SPECDEC_VLLM_FAULT": "keep-drafts"}
+        started.append(_start(model, base, "fault", plugins, spec, fault))
         yield Servers(*started, record=record)
     finally:
         for s in started:

@@ -222,9 +222,6 @@ def vllm(
         cfg = {"method": "ngram", "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     elif mode in ("prediction", "prediction-norejection"):
         cfg = {"method": "custom_class", "model": VLLM_PREDICTION_PROPOSER}
-        if mode == "prediction-norejection":  # the fault fixture: every draft token kept
-            cfg["rejection_sample_method"] = "synthetic"
-            cfg["synthetic_acceptance_rates"] = [1.0] * PREDICTION_K
     elif mode != "off":
         raise ValueError(
             f"vllm mode must be off, draft, ngram or prediction[-norejection], got {mode!r}"
@@ -246,6 +243,8 @@ def vllm(
         "VLLM_CPU_OMP_THREADS_BIND": cpus,
         "VLLM_PLUGINS": ",".join(chosen),
     }
+    if mode == "prediction-norejection":  # the fault fixture: every draft token kept
+        env["SPECDEC_VLLM_FAULT"] = "keep-drafts"  # (integrations/vllm: fault.py)
     return ServerSpec(
         f"vllm-{mode}" + ("-small" if small else "") + ("-fixed" if fix else ""),
         argv,

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 from vllm.logger import init_logger
 
 from specdec_vllm.drafting import PredictionDrafts, Row
+from specdec_vllm.fault import install_fault
 from specdec_vllm.settings import Settings
 from specdec_vllm.step_costs import StepClock
 from specdec_vllm.wire import XARG, token_ids
@@ -65,6 +66,8 @@ class PredictionProposer:
         self.window = int(vllm_config.model_config.max_model_len)
         self.vocab = int(vllm_config.model_config.get_vocab_size())
         self.settings = Settings.from_env(self.k)
+        if install_fault(self.settings.fault):
+            logger.warning("%s: FAULT %s (every draft token kept)", MARKER, self.settings.fault)
         self.runner = find_runner()
         self.ngram = _ngram_proposer(vllm_config, self.settings) if self.settings.ngram else None
         self.drafts = PredictionDrafts(self.k, StepClock(fixed=self.settings.step_costs))

@@ -10,6 +10,8 @@ SPECDEC_VLLM_STEP_COSTS  ``A,B``: a step of T tokens costs A + B * (T - 1) (any 
                      (``step_costs.StepClock``); default: learned
 SPECDEC_VLLM_RECORD  a file: every step's inputs and drafts are appended to it as JSON lines
                      (the tests replay such a recording without vLLM)
+SPECDEC_VLLM_FAULT   ``keep-drafts``: the fault fixture, vLLM's greedy rejection keeps every
+                     draft token (``fault.py``); for the checks that must FAIL, never for use
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from specdec_vllm.fault import FAULT_ENV, parse_fault
 
 NGRAM_ENV = "SPECDEC_VLLM_NGRAM"
 RECORD_ENV = "SPECDEC_VLLM_RECORD"
@@ -36,6 +40,7 @@ class Settings:
     ngram: Ngram | None
     record: str | None
     step_costs: tuple[float, float] | None = None  # (A, B); None: learned
+    fault: str | None = None  # fault.FAULTS: the fixture the checks must catch
 
     @classmethod
     def from_env(cls, k: int, env: Mapping[str, str] | None = None) -> Settings:
@@ -47,6 +52,7 @@ class Settings:
             parse_ngram(env.get(NGRAM_ENV, DEFAULT_NGRAM), k),
             env.get(RECORD_ENV) or None,
             parse_step_costs(costs) if costs else None,
+            parse_fault(env.get(FAULT_ENV)),
         )
 
 
