@@ -153,6 +153,7 @@ def _llama_cpp_loop(llm: Any, prompt_ids: list[int], n: int) -> list[int]:
 @pytest.mark.real_model
 @pytest.mark.llamacpp
 @pytest.mark.slow
+@pytest.mark.fresh_process
 def test_speculative_output_is_plain_decoding_token_for_token(
     smol: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,9 +11,6 @@ verdict that keeps a group this machine's own probe found non-invariant.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -111,26 +108,9 @@ def test_an_injected_non_invariant_group_is_moved_off(smol_q4_0: Path) -> None:
     assert not trials[0].exact and "injected" in trials[0].detail
 
 
-_CHILD_ENV = "SPECDEC_TEST_FRESH_PROCESS"
-
-
-def _run_in_fresh_process(name: str) -> None:
-    """Run the test ``name`` of this file in a child pytest; its skip is this test's skip."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
-    env = {**os.environ, _CHILD_ENV: "1"}
-    env.pop("GGML_CPU_TILED_MM", None)
-    done = subprocess.run(
-        [*cmd, f"{__file__}::{name}"], capture_output=True, text=True, env=env, timeout=1200
-    )
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-4000:]
-    if " skipped" in out and " passed" not in out:
-        reason = [line for line in out.splitlines() if line.startswith("SKIPPED")]
-        pytest.skip(reason[-1] if reason else "skipped in the child process")
-
-
 @pytest.mark.real_model
 @pytest.mark.llamacpp
+@pytest.mark.fresh_process
 def test_exact_mode_moves_what_the_probe_finds_and_refuses_a_wrong_verdict(
     smol_q4_k: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -140,15 +120,10 @@ def test_exact_mode_moves_what_the_probe_finds_and_refuses_a_wrong_verdict(
     verdict that keeps it must make the load refuse exact mode with one line: the self-check
     is the last word.
 
-    It runs in a fresh pytest process: ggml reads GGML_CPU_TILED_MM once per process, at its
-    first K-quant product, so after any default-numerics K-quant load in this process (the
-    slow suite has many) the tiled path is on for good and the self-check rightly refuses
-    even the right verdict."""
-    if os.environ.get(_CHILD_ENV) != "1":
-        _run_in_fresh_process(
-            "test_exact_mode_moves_what_the_probe_finds_and_refuses_a_wrong_verdict"
-        )
-        return
+    It runs in a fresh pytest process (marked ``fresh_process``): ggml reads
+    GGML_CPU_TILED_MM once per process, at its first K-quant product, so after any
+    default-numerics K-quant load in this process (the slow suite has many) the tiled path is
+    on for good and the self-check rightly refuses even the right verdict."""
     import llama_cpp
 
     from specdec.models.ggml_bufts import ggml
