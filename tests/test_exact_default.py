@@ -9,7 +9,13 @@ import json
 import pytest
 
 from specdec.profiler import cache
-from specdec.profiler.exact_default import NO_MODE, ExactDefault, decide, exact_default
+from specdec.profiler.exact_default import (
+    FORMAT,
+    NO_MODE,
+    ExactDefault,
+    decide,
+    exact_default,
+)
 from specdec.profiler.exact_price import ExactPrice
 
 
@@ -31,6 +37,47 @@ def test_the_decision_follows_the_dearest_figure() -> None:
     for dear in (price(step=1.05), price(verify=1.04), price(prefill=1.2)):
         d = decide(dear)
         assert not d.exact and "more than 3%" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("exact_costs", "rounds", "default"),
+    [
+        ([1.00, 1.01], 2, True),  # clear yes: two rounds
+        ([1.30, 1.30], 2, False),  # clear no (30 %): two rounds
+        ([1.00, 1.08], 2, True),  # dearer in one round only: noise, not a price
+        ([1.08, 1.06, 1.00, 1.00], 4, True),  # dearer in both, within noise: two more
+        ([1.06, 1.06, 1.05, 1.07], 4, False),  # unsure each time: at most four
+    ],
+)
+def test_an_unsure_no_is_measured_again_before_it_is_the_verdict(
+    exact_costs: list[float], rounds: int, default: bool
+) -> None:
+    """A figure dearer than 3 % in every round is a price; a "no" within what noise reaches
+    (at most UNSURE_COST in its cheapest round) gets two more rounds, up to MAX_ROUNDS (four);
+    clear verdicts stop at two (fixed worker figures: the i-th exact
+    worker's figures are the i-th cost times the default's)."""
+    from specdec.profiler.exact_price import MAX_ROUNDS, measure_exact_price
+
+    seen = {"default": 0, "exact": 0}
+
+    def worker(path: str, numerics: str, threads: int | None) -> dict[str, float]:
+        i = seen[numerics]
+        seen[numerics] += 1
+        c = exact_costs[i] if numerics == "exact" else 1.0
+        return {"step_s": 0.04 * c, "verify_s": 0.2 * c, "prefill_tps": 100.0 / c}
+
+    got = measure_exact_price("m.gguf", 2, worker=worker)
+    assert got.rounds == rounds == seen["exact"] == seen["default"] <= MAX_ROUNDS
+    assert got.default is default
+    assert ExactPrice.from_dict(got.to_dict()) == got
+
+
+def test_a_cached_price_with_damaged_per_round_figures_is_refused() -> None:
+    good = {**price().to_dict(), "least_costs": [0.0, 0.01, 0.02]}
+    assert ExactPrice.from_dict(good).least_costs == (0.0, 0.01, 0.02)
+    for bad in ([0.0, 0.01], "x", [0.0, float("nan"), 0.0], [True, 0.0, 0.0]):
+        with pytest.raises(ValueError, match="least_costs"):
+            ExactPrice.from_dict({**good, "least_costs": bad})
 
 
 class Counter:
@@ -86,11 +133,12 @@ def test_a_build_without_the_mode_is_not_measured(tmp_path, monkeypatch) -> None
     "entry",
     [
         [],
-        {"format": 1, "exact": "yes", "reason": "r", "price": None},
-        {"format": 1, "exact": True, "reason": 3, "price": None},
-        {"format": 1, "exact": True, "reason": "r", "price": {"step_s": "fast"}},
-        {"format": 1, "exact": True, "reason": "r", "price": price(verify=1.5).to_dict()},
+        {"format": FORMAT, "exact": "yes", "reason": "r", "price": None},
+        {"format": FORMAT, "exact": True, "reason": 3, "price": None},
+        {"format": FORMAT, "exact": True, "reason": "r", "price": {"step_s": "fast"}},
+        {"format": FORMAT, "exact": True, "reason": "r", "price": price(verify=1.5).to_dict()},
         {"format": 99, "exact": True, "reason": "r", "price": None},
+        {"format": 1, "exact": False, "reason": "r", "price": None},  # the medians' rule
     ],
 )
 def test_a_damaged_cache_entry_is_decided_again(tmp_path, monkeypatch, entry) -> None:

@@ -38,7 +38,7 @@ from specdec.util import cpuload
 from specdec.util.printable import printable
 
 Log = Callable[[str], None]
-FORMAT = 1  # of the cached entry
+FORMAT = 2  # of the cached entry (2: per-round figures, the every-round rule; 1 is decided again)
 
 
 @dataclass(frozen=True)
