@@ -4,10 +4,11 @@ per machine, llama.cpp build, model and thread count, in seconds, and cached.
 Exact numerics (``models.exact``) make speculative output plain decoding's token for token.
 Where the installed llama.cpp is the patched build (``make install``:
 ``patches/ggml-cpu-repack-row-invariant.patch``) they cost a few per cent at most on the CPUs
-the patch covers, and they become the default when ``profiler.exact_price`` measures each of
-the plain step, a short verify pass and prefill at most ``DEFAULT_MAX_COST`` (3 %) dearer than
-llama.cpp's own numerics: two rounds of short worker processes, about half a minute for the
-1.5B on 2 cores, the first time a target is loaded without ``exact`` said either way. The
+the patch covers, and they are the default unless ``profiler.exact_price`` measures one of the
+plain step, a short verify pass and prefill more than ``DEFAULT_MAX_COST`` (3 %) dearer than
+llama.cpp's own numerics in every round: two to four rounds of short worker processes, about a
+minute for the 1.5B on 2 cores, the first time a target is loaded without ``exact`` said
+either way. The
 verdict and its figures are cached (``profiler.cache``, keyed by the machine, the package
 versions, the SHA-256 of the libggml-cpu that would run, the model and the threads), so later
 loads decide at once; a full ``specdec profile`` decides the same way and its decision wins.
@@ -202,7 +203,7 @@ def exact_default(
     else:
         log(
             "exact numerics (speculative output = plain decoding, token for token): measuring "
-            "what they cost on this machine, once (about half a minute)"
+            "what they cost on this machine, once (about a minute)"
         )
         before = cpuload.sample()
         try:
