@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
 	$(PYTHON) src/specdec/build_flags.py --install $(PY) $(LLAMA_FLAGS)
-	$(PY) -m pip install -e '.[llamacpp,dev,serve]'
+	$(PY) -m pip install -e '.[llamacpp,dev,serve,structured]'
 	touch $@
 
 # the flag set, the patch or the build asked for changed: rebuild llama-cpp-python only
