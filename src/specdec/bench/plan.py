@@ -117,7 +117,8 @@ class BenchPlan:
 
 def full_plan() -> BenchPlan:
     """The default run: five configurations, K = 1..8, greedy, one prompt from each of the six
-    Spec-Bench categories, 32 new tokens, one repeat (sized in benchmarks/README.md)."""
+    Spec-Bench categories, 32 new tokens, one repeat (sized in benchmarks/studies/README.md,
+    "The runs committed here")."""
     return BenchPlan()
 
 

@@ -37,7 +37,7 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
   a tiled path under the same condition), so the cache holds Q8_0 keys and F16 values: an
   F16/F16 cache would take that split; with Q8_0 values (the first choice) a 512-token pass
   on the 1.5B took 7.7 / 7.1 s against the default's 6.0 / 5.5 s (two runs), as every value
-  row is converted for every query, with Q8_0 keys 6.3 / 5.9 s (``benchmarks/README.md``);
+  row is converted for every query, with Q8_0 keys 6.3 / 5.9 s (``benchmarks/studies/README.md``);
   BF16 values' per-cell conversion made decode at 1,500 tokens 3x slower on the small test
   model). On the exact build from patch version 4 a one-token pass's float products sum in
   llamafile_sgemm's order, so llama.cpp's default attention is row-invariant and exact

@@ -14,7 +14,7 @@ processes on a shared 2-core machine a figure moved by 10-20 % (benchmarks/resul
 exact-default-decision.json), so the medians of two rounds flipped the verdict either way.
 All three count because they can part: on an exact build the plain step can cost what the
 default's does while verify passes and prefill, whose rows its row-invariant kernels compute
-one at a time, cost far more (patch version 1, benchmarks/README.md).
+one at a time, cost far more (patch version 1, benchmarks/studies/README.md).
 """
 
 from __future__ import annotations
