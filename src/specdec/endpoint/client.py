@@ -8,7 +8,7 @@ honoured up to a cap); every other refusal is an ``EndpointError`` with one line
 URL, the request and the server's own message. ``RateLimiter`` bounds how many requests
 start per second.
 
-Every reply is untrusted and bounded (``docs/endpoint.md``, "What is bounded"):
+Every reply is untrusted and bounded (``docs/endpoint-results.md``, "What is bounded"):
 
 - **time**: ``timeout_s`` between two chunks (httpx's read timeout, retried), and the whole
   of one attempt within ``request_s``: ``timeout_s`` plus ``PER_TOKEN_S`` per requested token

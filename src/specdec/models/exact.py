@@ -103,8 +103,8 @@ def self_check(model: CausalLM, label: str) -> RowCheck:
         raise NotExactError(
             f"{label} is not batch-invariant on this build and machine: row {check.first_row} "
             f"of a {check.n}-token pass differs from a one-token pass by up to "
-            f"{check.max_abs:.3g} (run without exact numerics, or see docs/certify.md; ggml reads "
-            "its switches once per process, so a model on default numerics that ran earlier in "
-            "this process has the same effect: load exact models first)"
+            f"{check.max_abs:.3g} (run without exact numerics, or see docs/exact-numerics.md; "
+            "ggml reads its switches once per process, so a model on default numerics that ran "
+            "earlier in this process has the same effect: load exact models first)"
         )
     return check

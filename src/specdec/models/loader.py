@@ -52,7 +52,7 @@ class ModelConfig:
         if self.exact and self.resolved_backend() == "hf":
             raise ConfigError(
                 "exact numerics are a mode of the llama.cpp backend: transformers' CPU "
-                "kernels give a token other logits inside a longer pass (docs/certify.md)"
+                "kernels give a token other logits inside a longer pass (docs/exact-numerics.md)"
             )
 
     def resolved_backend(self) -> str:
