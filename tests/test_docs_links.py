@@ -29,7 +29,7 @@ def tracked(pattern: str) -> list[str]:
 
 def pages() -> list[Path]:
     """README.md, docs/*.md (the certificates' generated pages aside), the benchmarks' indexes."""
-    names = ["README.md", "benchmarks/README.md", "benchmarks/studies/README.md"]
+    names = ["README.md", "CONTRIBUTING.md", "benchmarks/README.md", "benchmarks/studies/README.md"]
     names += [p for p in tracked("docs/*.md") if p.count("/") == 1]
     return [ROOT / n for n in names]
 
