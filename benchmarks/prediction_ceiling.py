@@ -286,6 +286,8 @@ def main() -> int:
         sys.exit("--resume needs an existing --json file")
 
     import llama_cpp
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "studies"))  # baseline_prediction
     from baseline_prediction import PlannedSuffixDrafter as TodayPlanned
     from baseline_prediction import PredictionDrafter as TodayPrediction
 

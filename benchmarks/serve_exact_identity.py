@@ -68,6 +68,37 @@ def ask(url: str, item: dict[str, Any], n_new: int, spec_on: bool) -> dict[str, 
     }
 
 
+def start_serve(flags: list[str], port: int, log_path: Path, timeout_s: float = 900) -> Any:
+    """``specdec serve`` with ``flags`` on 127.0.0.1:``port``, its output in ``log_path``,
+    once it answers /health (exits naming the log where it does not)."""
+    url = f"http://127.0.0.1:{port}"
+    specdec = str(Path(sys.executable).parent / "specdec")
+    cmd = [specdec, "serve", "--host", "127.0.0.1", "--port", str(port), *flags]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            sys.exit(f"specdec serve exited with {proc.returncode}: see {log_path}")
+        try:
+            if httpx.get(url + "/health", timeout=5, trust_env=False).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            sys.exit(f"specdec serve did not answer within {timeout_s:.0f} s")
+        time.sleep(2)
+
+
+def stop(proc: Any) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -84,23 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         done = {json.loads(x)["id"] for x in args.out.read_text().splitlines() if x.strip()}
     url = f"http://127.0.0.1:{args.port}"
     log_path = args.out.with_suffix(".server.log")
-    specdec = str(Path(sys.executable).parent / "specdec")
-    cmd = [specdec, "serve", "--host", "127.0.0.1", "--port", str(args.port)]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    proc = start_serve([], args.port, log_path)
     try:
-        deadline = time.monotonic() + 900
-        while True:
-            if proc.poll() is not None:
-                sys.exit(f"specdec serve exited with {proc.returncode}: see {log_path}")
-            try:
-                if httpx.get(url + "/health", timeout=5, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                sys.exit("specdec serve did not answer within 900 s")
-            time.sleep(2)
         started = log_path.read_text(errors="replace")
         numerics = [ln for ln in started.splitlines() if "exact numerics" in ln]
         for i, item in enumerate(prompts(args.chat, args.edits)):
@@ -119,11 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(json.dumps(rec) + "\n")
             print(f"{item['id']}: {'identical' if rec['identical'] else 'DIFFERENT'}", flush=True)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     records = [json.loads(x) for x in args.out.read_text().splitlines() if x.strip()]
     same = sum(r["identical"] for r in records)
     print(

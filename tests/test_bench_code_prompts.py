@@ -109,7 +109,7 @@ def test_long_edits_are_pages_passed_as_their_own_predictions() -> None:
         assert p.prediction is not None and len(p.prediction) >= 2000  # a page
         assert p.prediction in p.text  # the request quotes the page it edits
     assert [p.id for p in select_prompts(LONG_EDIT)] == [p.id for p in prompts]
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "studies"))
     import make_long_edit_set
 
     rows = make_long_edit_set.prose_requests() + make_long_edit_set.code_requests()

@@ -2,7 +2,7 @@
 speculative output is plain decoding's, token for token.
 
 The real-model tests use the small test model (SmolLM2-135M, Q4_1) and skip with a reason
-without it. The per-row checks run ``benchmarks/exact_rows.py``'s worker in subprocesses
+without it. The per-row checks run ``benchmarks/studies/exact_rows.py``'s worker in subprocesses
 (ggml reads GGML_CPU_TILED_MM once per process); each has a fixture that must fail: llama.cpp's
 default settings, and exact numerics without their KV cache types at a long context.
 """
@@ -24,7 +24,7 @@ from specdec.models.mock import MockLM
 from specdec.models.wrapped import WrappedLM
 from tiny_models import llama_cpp_or_skip, store_model_or_skip
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "studies"))
 
 
 def test_compare_rows_is_bitwise() -> None:

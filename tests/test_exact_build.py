@@ -34,7 +34,7 @@ from tiny_models import llama_cpp_or_skip, store_model_or_skip
 
 Q4_K = "CPU_REPACK/Q4_K"
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # exact_rows: the per-kernel row check
+sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))  # exact_rows: the per-kernel row check
 
 
 # --------------------------------------------------------------------------------------------

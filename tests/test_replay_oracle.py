@@ -1,6 +1,6 @@
 """The replay's ceilings are exact: ``best_length_plan`` (the draft lengths planned over the
 whole output) equals exhaustive enumeration of every length sequence, and the oracle rows
-of ``benchmarks/planner_replay.py`` use it. No model runs here."""
+of ``benchmarks/studies/planner_replay.py`` use it. No model runs here."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from specdec.profiler.predict import ProbeSequence, best_length_plan, plan_seconds
 from specdec.theory import Costs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "studies"))
 import planner_replay
 
 WIDE = (1.00, 1.54, 2.07, 2.34, 2.96, 3.34, 4.50, 5.66)  # the wide curve's v(n)/v(1)

@@ -20,13 +20,13 @@ Two code sets sit beside it (named sets, selectable like ``spec_bench``):
 
 ``code_predict`` is the predicted-outputs workload (not part of ``code`` or ``all``): 43
 code-editing requests built from HumanEval's reference solutions (MIT License; see
-``data/code_predict/SOURCE.md`` and ``benchmarks/make_code_predict_set.py``), each with a
+``data/code_predict/SOURCE.md`` and ``benchmarks/studies/make_code_predict_set.py``), each with a
 ``prediction``, the code before the edit (OpenAI's ``prediction``): renames, type hints,
 docstrings, small edits, reformatting, whole files, and controls whose prediction is empty,
 unrelated or shifted. Category ``code_predict``, fine category the kind of task.
 ``long_edit`` (not part of ``code`` or ``all`` either): 12 requests whose prediction is a
 whole page, six of prose (Spec-Bench's articles) and six of code (modules of HumanEval
-solutions), built by ``benchmarks/make_long_edit_set.py`` (``data/long_edit/SOURCE.md``);
+solutions), built by ``benchmarks/studies/make_long_edit_set.py`` (``data/long_edit/SOURCE.md``);
 category ``long_edit``. A user's JSONL file may carry a "prediction" field too.
 """
 

@@ -20,7 +20,7 @@ cannot shut a bucket forever. A draft that only this optimism justifies (the mea
 would draft nothing) is cut to ``EXPLORE_LEN`` = 1 token: it tests the rate in doubt, the
 first token's, and a rejected one costs verify(2) - verify(1) instead of a long pass. On text
 with few repeats those long exploring drafts set the planner's worst case
-(``benchmarks/planner_replay.py`` on the two trace sets: the worst replayed output
+(``benchmarks/studies/planner_replay.py`` on the two trace sets: the worst replayed output
 went from 0.94x / 0.90x of plain decoding to 0.99x / 0.97x, the geometric means from
 1.036x / 1.083x to 1.044x / 1.081x).
 
@@ -33,7 +33,7 @@ copy soon drafts at full length; on text where drafts do not pay the generation 
 more than about that fraction (plus one draft) below plain decoding, whatever the priors,
 the learned rates or the verify curve. On a steep verify curve (verify(2) about two steps)
 the priors' and learned rates' losing drafts on fresh text had put outputs 5-10 % below plain
-decoding (issue 61). Replayed on the greedy traces (``benchmarks/planner_replay.py``, 45
+decoding (issue 61). Replayed on the greedy traces (``benchmarks/studies/planner_replay.py``, 45
 outputs), the worst output of 48+ tokens went from 0.950x to 0.983x of plain decoding on a
 steep curve and from 0.956x to 0.975x on this machine's measured one, geometric means 1.022x
 to 1.017x and 1.065x to 1.065x.

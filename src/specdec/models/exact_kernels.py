@@ -4,7 +4,8 @@ Exact numerics (``models.exact``) need every row of an n-token pass to equal, bi
 the row a one-token pass gives. Whether an optional kernel keeps that depends on the kernel,
 so on the weight type it runs for: on x86 the repacked Q4_K gemm (4+ rows) sums in another
 order than its one-row gemv, while other repacked kernels may not
-(``benchmarks/kernel_rows.py`` measures it per group; docs/exact-numerics.md has the table). Turning
+(``benchmarks/studies/kernel_rows.py`` measures it per group; docs/exact-numerics.md has the
+table). Turning
 every optional kernel off (what exact numerics did first) costs ~40 % of decode speed on
 AVX-512 machines, so this module decides per *group* (``BUFT/TYPE``, ``models.ggml_bufts``):
 

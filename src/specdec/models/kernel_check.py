@@ -23,7 +23,7 @@ line when it turns something off. With every optional kernel healthy (every mach
 so far but that Xeon) nothing is turned off and the first check costs two child loads.
 
 The tolerance: healthy kernels do not compute bit-identical logits (a repacked gemm sums in
-another order than the plain dot product). Measured by ``benchmarks/kernel_diffs.py`` on the
+another order than the plain dot product). Measured by ``benchmarks/studies/kernel_diffs.py`` on the
 healthy machine of ``benchmarks/results/kernel-diffs.json`` (2-core AMD EPYC with AVX-512:
 CPU_REPACK against no extra buffer type, tiled path on and off, 1 and 2 threads, the three
 models of the store): the largest row TV was 0.050 (Qwen2.5-Coder-1.5B Q4_K_M); the tolerance

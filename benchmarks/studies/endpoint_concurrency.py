@@ -13,9 +13,10 @@ and (after the fix) what the results file recorded. Counts, not speed: the figur
 depend on the machine's load, except that requests must all be sent within HOLD_S.
 
     git archive 5de7d18 src | tar -x -C /tmp/before   # the tree before the fix
-    python benchmarks/endpoint_concurrency.py --src /tmp/before/src --label "5de7d18 (before)" \
+    python benchmarks/studies/endpoint_concurrency.py --src /tmp/before/src \
+        --label "5de7d18 (before)" \
         --out benchmarks/results/endpoint-concurrency-150-before.json
-    python benchmarks/endpoint_concurrency.py --src src --label "after" \
+    python benchmarks/studies/endpoint_concurrency.py --src src --label "after" \
         --out benchmarks/results/endpoint-concurrency-150-after.json
 """
 

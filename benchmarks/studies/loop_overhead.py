@@ -8,7 +8,7 @@ argmax, detokenizing, bookkeeping. Both loops run one pass per generated token, 
 difference per token is what one loop costs over the other, independent of how fast the
 machine decodes at that moment (the passes themselves are what varies from run to run).
 
-    python benchmarks/loop_overhead.py --per-category 1 --new-tokens 64 --repeats 3
+    python benchmarks/studies/loop_overhead.py --per-category 1 --new-tokens 64 --repeats 3
 """
 
 from __future__ import annotations

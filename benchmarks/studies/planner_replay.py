@@ -3,11 +3,11 @@
 A suffix drafter's proposals depend only on the context, and under greedy decoding the target
 keeps a draft token exactly when it equals the target's own next token. So given the target's
 greedy output for a prompt (a *trace*: prompt ids plus output ids, from
-``benchmarks/greedy_traces.py``), every round of a model-free drafter can be replayed without
-running the model: which drafts it proposes, how many the target keeps, and how many rows each
-verification pass has. Charging each round the measured verify curve (``--curve``) gives its
-speed relative to plain decoding with no timing noise at all, so drafters and draft-length
-policies can be compared on the same outputs, including
+``benchmarks/studies/greedy_traces.py``), every round of a model-free drafter can be replayed
+without running the model: which drafts it proposes, how many the target keeps, and how many
+rows each verification pass has. Charging each round the measured verify curve (``--curve``)
+gives its speed relative to plain decoding with no timing noise at all, so drafters and
+draft-length policies can be compared on the same outputs, including
 
   oracle   the suffix drafter's proposals cut to the lengths that are best *given the
            number of tokens the target will keep* (not causal), planned over the whole
@@ -27,7 +27,8 @@ docs/certify.md), a real run follows a different text than the trace.
 It also prints the acceptance rates per match-length bucket that the cost-aware planner
 (``drafters/planned.py``) uses as priors, measured on the traces.
 
-    python benchmarks/planner_replay.py --traces benchmarks/results/greedy-traces-train.jsonl \\
+    python benchmarks/studies/planner_replay.py \\
+        --traces benchmarks/results/greedy-traces-train.jsonl \\
         --curve benchmarks/results/verify-curve-1.5b-q4_k_m-wide.json
 """
 

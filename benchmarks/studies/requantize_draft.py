@@ -6,7 +6,7 @@ source's (see ``specdec.models.requantize``); a verified cached copy is reused. 
 times one decode step of the source and of the copy (``--time-steps``; only meaningful on a
 quiet machine) and writes everything as JSON.
 
-    PYTHONPATH=src python benchmarks/requantize_draft.py [MODEL] [--type q4_0] [--pure]
+    PYTHONPATH=src python benchmarks/studies/requantize_draft.py [MODEL] [--type q4_0] [--pure]
         [--time-steps] [--json out.json]
 """
 

@@ -23,7 +23,7 @@ Edits, each on two documents of its kind:
   add_comments    code: a one-line comment above each function
   reindent        code: 2 spaces instead of 4 (every indented line changes)
 
-    python benchmarks/make_long_edit_set.py      # rewrites src/specdec/data/long_edit/
+    python benchmarks/studies/make_long_edit_set.py      # rewrites src/specdec/data/long_edit/
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent / "src" / "specdec" / "data"
+ROOT = Path(__file__).resolve().parents[2] / "src" / "specdec" / "data"
 OUT = ROOT / "long_edit"
 FENCE = "```"
 PROSE_CHARS = (2500, 4000)

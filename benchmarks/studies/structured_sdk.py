@@ -3,7 +3,7 @@
 valid object), and a tools round trip (call, tool result, final answer), not streamed and
 streamed. Not a speed figure: it prints what each call returned.
 
-    PYTHONPATH=src:tests /work/bin/cpu-heavy python benchmarks/structured_sdk.py \\
+    PYTHONPATH=src:tests /work/bin/cpu-heavy python benchmarks/studies/structured_sdk.py \\
         --out benchmarks/results/structured-sdk.json
 """
 

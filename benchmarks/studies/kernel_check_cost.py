@@ -6,7 +6,7 @@ For each model, ``--rounds`` times: a fresh verdict cache, then the three loads 
 (first, cached, unchecked), each timed from the constructor's start to its return. Needs a
 quiet machine (the children time the model's own loads).
 
-    PYTHONPATH=src python benchmarks/kernel_check_cost.py [--models NAME ...] [--rounds 2]
+    PYTHONPATH=src python benchmarks/studies/kernel_check_cost.py [--models NAME ...] [--rounds 2]
         [--json benchmarks/results/kernel-check-cost.json]
 """
 

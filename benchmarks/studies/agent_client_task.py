@@ -4,7 +4,7 @@ its chat-completions model (specdec does not serve the Responses API yet): an ag
 function tool is asked a question that needs the tool; the run must call the tool and answer.
 
     specdec serve --port 8765 &                       # the default pair
-    /tmp/agents-venv/bin/python benchmarks/agent_client_task.py --base http://127.0.0.1:8765/v1
+    /tmp/agents-venv/bin/python benchmarks/studies/agent_client_task.py --base http://127.0.0.1:8765/v1
 
 Imports only the Agents SDK (not specdec). Prints the tool calls the run made and the answer.
 """

@@ -10,7 +10,7 @@ These are differences between kernels that both compute correctly (the repacked 
 against the plain dot products, the tiled path against the untiled one), so they bound what
 the check must accept. Numbers, not timings: the run does not need a quiet machine.
 
-    python benchmarks/kernel_diffs.py [--models NAME ...] [--out FILE]
+    python benchmarks/studies/kernel_diffs.py [--models NAME ...] [--out FILE]
 """
 
 from __future__ import annotations

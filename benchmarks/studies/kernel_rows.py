@@ -21,7 +21,7 @@ and after rolling back the first n of them in one pass, for every n; rows are co
 F16 ...; from 2 rows): ``plain`` covers those, per model. Numbers, not timings: a busy machine
 gives the same bits.
 
-    PYTHONPATH=src python benchmarks/kernel_rows.py [--models NAME ...] [--threads 1,2]
+    PYTHONPATH=src python benchmarks/studies/kernel_rows.py [--models NAME ...] [--threads 1,2]
         [--contexts 20,1100] [--ns 1-32,65] [--requantize q4_0] [--json FILE]
 
 ``--json`` merges what ran into the file's results (per model, configuration, thread count
@@ -108,7 +108,7 @@ def run_config(
     env = {k: v for k, v in os.environ.items() if k != TILED_ENV}
     if not tiled:
         env[TILED_ENV] = "0"
-    src = str(Path(__file__).resolve().parent.parent / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", config, "--path", str(path)]
     cmd += ["--threads", ",".join(map(str, args.threads))]

@@ -1,11 +1,12 @@
 """Greedy traces of the target: prompt token ids and the target's own greedy output ids, one
-JSON line per prompt, for ``benchmarks/planner_replay.py``. No timing is taken.
+JSON line per prompt, for ``benchmarks/studies/planner_replay.py``. No timing is taken.
 
     # generate: the target decodes each prompt greedily (plain steps, one token per pass)
-    python benchmarks/greedy_traces.py --source all --per-category 6 \\
+    python benchmarks/studies/greedy_traces.py --source all --per-category 6 \\
         --exclude benchmarks/results/bench-llamacpp.jsonl --out traces.jsonl
     # or take the plain runs' outputs from a bench result file (prompts re-encoded)
-    python benchmarks/greedy_traces.py --from-bench benchmarks/results/bench-llamacpp.jsonl \\
+    python benchmarks/studies/greedy_traces.py \\
+        --from-bench benchmarks/results/bench-llamacpp.jsonl \\
         --out traces.jsonl
 """
 

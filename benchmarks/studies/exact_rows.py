@@ -23,7 +23,7 @@ largest logit difference, and writes JSON with ``--json``.
                    on a stock build the variable does nothing: see make exact-build)
   repack_stock     the same with that mode off (the repacked gemm from 4 rows)
 
-    PYTHONPATH=src python benchmarks/exact_rows.py MODEL [--settings exact,default]
+    PYTHONPATH=src python benchmarks/studies/exact_rows.py MODEL [--settings exact,default]
         [--threads 1,2,3] [--contexts 20,600,1100] [--ns 1-16] [--json out.json]
 
 tests/test_exact.py runs the worker of this script on the small test model.
@@ -156,7 +156,7 @@ def run_setting(
     # that loaded an exact model sets them) would run "default" as another setting
     env = {k: v for k, v in os.environ.items() if k not in GGML_SWITCHES}
     env.update(SETTINGS[setting][0])
-    src = str(Path(__file__).resolve().parent.parent / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, str(Path(__file__).resolve()), model, "--worker", setting]
     cmd += ["--threads", ",".join(map(str, threads)), "--contexts", ",".join(map(str, contexts))]

@@ -7,7 +7,7 @@ alternatives; over the positions where both runs have the same tokens so far (af
 first divergence the contexts differ), the largest |difference| of the chosen token's
 log-probability and of the top-5 alternatives' (same ids), and the number of divergences.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/logprobs_gap.py [--exact] [--per-category 1]
+    PYTHONPATH=src .venv/bin/python benchmarks/studies/logprobs_gap.py [--exact] [--per-category 1]
         [--new-tokens 64] [--out benchmarks/results/logprobs-gap-default.json]
 """
 

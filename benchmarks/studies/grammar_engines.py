@@ -18,7 +18,8 @@ Per engine, each in its own process (so that no engine's caches or memory touch 
 Then once, engine-independent: applying a bitmask to a float32 row of 151,936 logits (the
 way ``constraints.processor`` does: numpy's unpackbits, one masked_fill).
 
-    PYTHONPATH=src:/tmp/gram-pkgs /work/bin/cpu-quiet python benchmarks/grammar_engines.py \\
+    PYTHONPATH=src:/tmp/gram-pkgs /work/bin/cpu-quiet \\
+        python benchmarks/studies/grammar_engines.py \\
         --out benchmarks/results/grammar-engines.json
 """
 

@@ -7,7 +7,8 @@ round, per-token acceptance of drafted tokens, the longest accepted run, whether
 equal plain decoding's, and decode tokens/s of both (prefill excluded) with their ratio.
 Only meaningful on a quiet machine; the machine's load average is recorded.
 
-    PYTHONPATH=src python benchmarks/suffix_acceptance.py MODEL [--prompts code_edit] [--k 16]
+    PYTHONPATH=src python benchmarks/studies/suffix_acceptance.py MODEL \\
+        [--prompts code_edit] [--k 16]
 """
 
 from __future__ import annotations

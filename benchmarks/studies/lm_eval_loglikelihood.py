@@ -2,7 +2,7 @@
 hub), speculation on and off, and every per-item log-likelihood checked against
 llama-cpp-python's own (``Llama(logits_all=True)``) on the same GGUF.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/lm_eval_loglikelihood.py \\
+    PYTHONPATH=src .venv/bin/python benchmarks/studies/lm_eval_loglikelihood.py \\
         --lm-eval /tmp/lmeval-venv/bin/lm_eval [--items 40] [--out DIR]
 
 lm-eval (0.4.13, installed in a virtual environment of its own: it is heavy) runs its
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "engines"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
 import servers as S
 
 PORT = 18240

@@ -4,7 +4,8 @@ pair, 256 new tokens of a raw prompt that continues the same period. Before the 
 re-sync index (commit e89655b) every round scanned the whole prediction: 85.8 s instead of
 1.9 s. The time includes the prediction's tokenization and its index's one build.
 
-    PYTHONPATH=src python benchmarks/long_prediction.py [--target smollm2-135m-instruct-q4_1]
+    PYTHONPATH=src python benchmarks/studies/long_prediction.py \\
+        [--target smollm2-135m-instruct-q4_1]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ v(j + 1) / v(1), but measured inside real decoding, at the real contexts. Each p
 rounds charged those ratios give its speed against plain decoding without further timing
 noise: tokens / sum over rounds of ratio(j).
 
-    python benchmarks/auto_rounds.py --categories math_reasoning,qa,translation,mt_bench
+    python benchmarks/studies/auto_rounds.py --categories math_reasoning,qa,translation,mt_bench
 """
 
 from __future__ import annotations

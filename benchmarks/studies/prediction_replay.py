@@ -2,8 +2,8 @@
 
 Under greedy decoding the target keeps a draft token exactly when it equals the target's own
 next token, so given the target's greedy output for a request (a trace from
-``benchmarks/greedy_traces.py``) every round of the prediction drafter can be replayed without
-the model: what it drafts, how much is kept, the rows of each pass. Charging each round a
+``benchmarks/studies/greedy_traces.py``) every round of the prediction drafter can be replayed
+without the model: what it drafts, how much is kept, the rows of each pass. Charging each round a
 verify curve (``--curve``: a ``verify_curve.py`` JSON, or a cached costs/profile JSON) gives
 its speed relative to plain decoding with no timing noise, beside the request's verify-curve
 ceiling (``specdec.bench.copy_ceiling``). Decoders:
@@ -15,7 +15,7 @@ Prints per request: the ceiling, each decoder's predicted speedup over plain dec
 fraction of the ceiling, rounds, mean rows per pass, the longest pass, and the positions the
 prediction's index examined per round; then geometric means per kind of task.
 
-    PYTHONPATH=src python benchmarks/prediction_replay.py --traces traces.jsonl \\
+    PYTHONPATH=src python benchmarks/studies/prediction_replay.py --traces traces.jsonl \\
         --curve benchmarks/results/verify-curve-1.5b-q4_k_m-wide.json [--json out.json]
 """
 

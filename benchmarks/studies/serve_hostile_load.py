@@ -18,7 +18,7 @@ decoding, by default) on loopback, with the open-file limit of a common ``ulimit
 
 Usage (figures only under /work/bin/cpu-quiet on this machine):
 
-    PYTHONPATH=src python benchmarks/serve_hostile_load.py --label after \
+    PYTHONPATH=src python benchmarks/studies/serve_hostile_load.py --label after \
         --out benchmarks/results/serve-hostile-load.json
 
 With ``--src DIR`` the server runs another checkout's ``src`` (the figures before a fix).
