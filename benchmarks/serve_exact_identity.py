@@ -46,9 +46,16 @@ def prompts(n_chat: int, n_edits: int) -> list[dict[str, Any]]:
     return out
 
 
+def served_model(url: str) -> str:
+    """The model name the server at ``url`` serves (its /v1/models): requests must name it."""
+    r = httpx.get(url + "/v1/models", timeout=30, trust_env=False)
+    r.raise_for_status()
+    return str(r.json()["data"][0]["id"])
+
+
 def ask(url: str, item: dict[str, Any], n_new: int, spec_on: bool) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "model": "default",
+        "model": served_model(url),
         "messages": [{"role": "user", "content": item["text"]}],
         "max_tokens": n_new,
         "temperature": 0,

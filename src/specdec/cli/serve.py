@@ -6,6 +6,7 @@ import argparse
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from specdec.cli import command_help
 from specdec.cli.common import (
@@ -123,6 +124,15 @@ def _check(args: argparse.Namespace) -> None:
     args.api_key = read_api_key(args.api_key, args.api_key_file)
 
 
+def _load(args: argparse.Namespace) -> Any:
+    """The pair, on the worker thread; a pair with a draft gets the costs that size a
+    prediction's drafts measured now (once per machine, and said), not in its first request."""
+    pair = load_from_args(args)
+    if pair.draft is not None:
+        pair.target_costs()
+    return pair
+
+
 def run(args: argparse.Namespace) -> int:
     quiet_libraries()
     _check(args)
@@ -134,11 +144,13 @@ def run(args: argparse.Namespace) -> int:
             "pip install 'specdec[serve]'"
         ) from e
     _check_listen(args.host, args.port)  # before the models load: a busy port is one line
-    pair = load_from_args(args)
+    from specdec.serve.engine import worker_thread
+
+    # loaded, checked and measured on the thread that will generate (engine.worker_thread)
+    worker = worker_thread()
+    pair = worker.submit(_load, args).result()
     config = pair.config
     assert config is not None
-    if pair.draft is not None:  # the costs that size a prediction's drafts: measured now (once
-        pair.target_costs()  # per machine, and said), not inside the first such request
     name = args.served_model_name or Path(args.target).name.removesuffix(".gguf")
     config_ = ServeConfig(
         settings=ServeSettings(
@@ -153,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
     )
-    app = create_app(pair, config_)
+    app = create_app(pair, config_, worker)
     k = pair.default_k() if args.k is None else args.k
     how = (
         f"{config.how}: {config.label}"

@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -231,12 +232,16 @@ def _reset_caches(pair: Pair) -> None:
             model.truncate(0)
 
 
-def create_app(pair: Pair, config: ServeConfig) -> FastAPI:
-    """An app serving ``pair``; the caller owns the pair (and releases it after shutdown)."""
+def create_app(
+    pair: Pair, config: ServeConfig, worker: ThreadPoolExecutor | None = None
+) -> FastAPI:
+    """An app serving ``pair``; the caller owns the pair (and releases it after shutdown).
+    ``worker``: the thread the pair was loaded on (``engine.worker_thread``), which then runs
+    every generation."""
     state = _State(
         pair=pair,
         config=config,
-        engine=Engine(config.max_queue, on_failure=lambda: _reset_caches(pair)),
+        engine=Engine(config.max_queue, on_failure=lambda: _reset_caches(pair), worker=worker),
         metrics=ServerMetrics(),
         created=int(time.time()),
         token_chars=longest_token_chars(pair.target.tokenizer, pair.target.vocab_size),

@@ -82,15 +82,31 @@ class Job:
 Work = Callable[[Job], Any]
 
 
+def worker_thread() -> ThreadPoolExecutor:
+    """The thread a served pair is loaded on and generates on. One thread for both: llama.cpp
+    built with OpenMP keeps a thread team per calling thread, and a pair whose first passes
+    ran on another thread (an exact target's load-time self-check, the verify-cost
+    measurement) decoded 15-25 % slower on the second one here (2-core AMD EPYC: a plain
+    step 45-48 ms against 37-39 ms; ``benchmarks/results/serve-exact-price.jsonl``)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-generate")
+
+
 class Engine:
     """The worker thread of one loaded pair and its admission queue."""
 
-    def __init__(self, max_queue: int, on_failure: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        max_queue: int,
+        on_failure: Callable[[], None] | None = None,
+        worker: ThreadPoolExecutor | None = None,
+    ) -> None:
+        """``worker``: the one-thread executor the pair was loaded on (``worker_thread``), so
+        that every llama.cpp pass runs on one thread; a new one when None."""
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         self.max_queue = max_queue
         self._on_failure = on_failure  # resets the caches after a job that raised
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-generate")
+        self._executor = worker or worker_thread()
         self._jobs: set[Job] = set()  # admitted and not finished (event-loop side only)
         self._running: Job | None = None
         self._mean_seconds = 1.0  # a running mean of job durations, for Retry-After
