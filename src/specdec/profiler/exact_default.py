@@ -91,11 +91,14 @@ def decide(price: ExactPrice) -> ExactDefault:
     """The decision from measured figures (pure): the default when every figure costs at most
     ``DEFAULT_MAX_COST``."""
     if price.default:
-        why = f"exact numerics are the default here (each cost at most {DEFAULT_MAX_COST:.0%})"
+        why = (
+            "exact numerics are the default here (no figure costs more than "
+            f"{DEFAULT_MAX_COST:.0%} in every round)"
+        )
     else:
         why = (
             f"exact numerics are not the default here: they cost more than "
-            f"{DEFAULT_MAX_COST:.0%} (`--exact` forces them)"
+            f"{DEFAULT_MAX_COST:.0%} in every round (`--exact` forces them)"
         )
     return ExactDefault(price.default, f"{why}: {price.sentence()}", price)
 
