@@ -8,7 +8,7 @@ SPECDEC := $(VENV)/bin/specdec
 
 .PHONY: install demo test test-slow test-all lint models-test lowest-transformers stock-build exact-build test-exact
 
-# llama-cpp-python is built from source for this machine by src/specdec/build_flags.py (it
+# llama-cpp-python is built from source for this machine by src/specdec/llama_trust/build_flags.py (it
 # prints what it passes and why), with patches/ggml-cpu-repack-row-invariant.patch applied: the
 # row-invariant mode that exact numerics switch on (with it off the library runs the stock
 # code). The native build (-march=native), except on CPUs with AMX when the compiler is
@@ -20,7 +20,7 @@ SPECDEC := $(VENV)/bin/specdec
 # LLAMA_BUILD=stock (`make stock-build`) builds and installs the unpatched library instead.
 LLAMA_BUILD ?= patched
 LLAMA_FLAGS := $(if $(filter stock,$(LLAMA_BUILD)),--stock,)
-LLAMA_KEY := $(shell $(PYTHON) src/specdec/build_flags.py --key $(LLAMA_FLAGS))
+LLAMA_KEY := $(shell $(PYTHON) src/specdec/llama_trust/build_flags.py --key $(LLAMA_FLAGS))
 
 # torch is pinned to the CPU build that lies on this kind of machine's disk; the package itself
 # only asks for a range, so GPU users keep their CUDA torch.
@@ -28,13 +28,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install torch==2.13.0
-	$(PYTHON) src/specdec/build_flags.py --install $(PY) $(LLAMA_FLAGS)
+	$(PYTHON) src/specdec/llama_trust/build_flags.py --install $(PY) $(LLAMA_FLAGS)
 	$(PY) -m pip install -e '.[llamacpp,dev,serve,structured]'
 	touch $@
 
 # the flag set, the patch or the build asked for changed: rebuild llama-cpp-python only
-$(VENV)/.llama-$(LLAMA_KEY): src/specdec/build_flags.py patches/ggml-cpu-repack-row-invariant.patch | $(VENV)/.installed
-	$(PYTHON) src/specdec/build_flags.py --install $(PY) $(LLAMA_FLAGS)
+$(VENV)/.llama-$(LLAMA_KEY): src/specdec/llama_trust/build_flags.py patches/ggml-cpu-repack-row-invariant.patch | $(VENV)/.installed
+	$(PYTHON) src/specdec/llama_trust/build_flags.py --install $(PY) $(LLAMA_FLAGS)
 	rm -f $(VENV)/.llama-*
 	touch $@
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from specdec.hub import resolve
-from specdec.profiler.exact_default import build_identity
+from specdec.models.llamacpp import build_identity
 from specdec.profiler.exact_price import DEFAULT_MAX_COST, measure_exact_price
 from specdec.util.machine import machine_line
 

@@ -310,7 +310,7 @@ def llama_cpp_server(
     cmd = [
         sys.executable,
         "-m",
-        "specdec.models.llama_server_guard",  # llama_cpp.server behind the kernel check
+        "specdec.llama_trust.llama_server_guard",  # llama_cpp.server behind the kernel check
         "--model",
         str(model),
         "--host",

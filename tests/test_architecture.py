@@ -192,6 +192,29 @@ def test_the_file_rules_catch_what_they_forbid() -> None:
     assert "specdec.bench.runner" in _reaches(graph, "specdec.api")
 
 
+TRUST = "specdec.llama_trust"
+
+
+def _trust_importers(graph: dict[str, set[str]]) -> list[str]:
+    """The modules outside the llama.cpp trust subsystem that import it, other than the
+    backends (models/) and the doctor: none (the tools reach it through models.llamacpp)."""
+    return sorted(
+        m
+        for m, targets in graph.items()
+        if not m.startswith((TRUST, "specdec.models.")) and m != "specdec.doctor"
+        if any(t == TRUST or t.startswith(TRUST + ".") for t in targets)
+    )
+
+
+def test_the_llama_cpp_trust_subsystem_is_imported_by_the_backends_and_the_doctor_alone() -> None:
+    graph = _file_graph()
+    assert any(m.startswith(TRUST + ".") for m in graph)  # the package is where it is
+    assert _trust_importers(graph) == []
+    planted = _file_graph()
+    planted["specdec.profiler.run"] = {*planted["specdec.profiler.run"], TRUST + ".kernel_check"}
+    assert _trust_importers(planted) == ["specdec.profiler.run"]
+
+
 def _model_work_reaching_up(graph: dict[str, set[str]]) -> list[str]:
     """What the certificate's model work (``core.rows``: rows from a model and plain
     arguments) imports besides the model interface and the errors."""

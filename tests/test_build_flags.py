@@ -1,6 +1,7 @@
-"""How `make install` builds llama-cpp-python (src/specdec/build_flags.py): the native build
-everywhere but the combination known to be broken (AMX kernels compiled by GCC < 13), whose
-flags name the CPU's instruction sets and leave AMX out, and a key that changes with them."""
+"""How `make install` builds llama-cpp-python (src/specdec/llama_trust/build_flags.py): the
+native build everywhere but the combination known to be broken (AMX kernels compiled by GCC <
+13), whose flags name the CPU's instruction sets and leave AMX out, and a key that changes with
+them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.build_flags import (
+from specdec.llama_trust.build_flags import (
     AMX_OPTIONS,
     BuildPlan,
     plan_build,
@@ -95,7 +96,7 @@ def test_cpuinfo_flags_are_read_from_the_flags_line() -> None:
 
 def test_the_script_runs_without_the_package_installed() -> None:
     """`make install` runs it with the system Python before the virtual environment exists."""
-    script = Path(__file__).parents[1] / "src" / "specdec" / "build_flags.py"
+    script = Path(__file__).parents[1] / "src" / "specdec" / "llama_trust" / "build_flags.py"
     done = subprocess.run(
         [sys.executable, "-S", "-I", str(script), "--explain"],
         capture_output=True,
@@ -115,7 +116,7 @@ def test_a_failing_build_step_is_one_line_and_a_nonzero_exit(
 ) -> None:
     """pip or patch failing (their own output above) ends in one line naming the command,
     not a traceback; so does a folder the build cannot write."""
-    import specdec.build_flags as bf
+    import specdec.llama_trust.build_flags as bf
 
     def fail(cmd: list[str], env: dict[str, str]) -> None:
         raise subprocess.CalledProcessError(2, cmd)
@@ -152,7 +153,7 @@ def _script(path: Path, body: str) -> Path:
 
 def test_a_compiler_command_line_is_run_as_one(tmp_path: Path) -> None:
     """``CC="ccache gcc"``: the wrapper and the compiler, not a program named with a space."""
-    from specdec.build_flags import compiler_version
+    from specdec.llama_trust.build_flags import compiler_version
 
     gcc = _script(tmp_path / "gcc", 'echo "gcc (Debian 12.2.0-14) 12.2.0"\n')
     wrapper = _script(tmp_path / "ccache", 'exec "$@"\n')
@@ -161,7 +162,7 @@ def test_a_compiler_command_line_is_run_as_one(tmp_path: Path) -> None:
 
 
 def test_a_banner_that_is_not_utf8_is_read_not_a_traceback(tmp_path: Path) -> None:
-    from specdec.build_flags import compiler_version
+    from specdec.llama_trust.build_flags import compiler_version
 
     gcc = _script(tmp_path / "gcc", "printf 'gcc (\\377\\376 build) 11.4.0\\n'\n")
     banner, major = compiler_version(str(gcc))
@@ -170,7 +171,7 @@ def test_a_banner_that_is_not_utf8_is_read_not_a_traceback(tmp_path: Path) -> No
 
 def test_a_compiler_that_cannot_be_run_counts_as_unsafe_for_amx(tmp_path: Path) -> None:
     """On AMX the crashing combination cannot be ruled out: AMX left out, as for GCC < 13."""
-    from specdec.build_flags import NOT_RUNNABLE, compiler_version
+    from specdec.llama_trust.build_flags import NOT_RUNNABLE, compiler_version
 
     banner, major = compiler_version(str(tmp_path / "no-such-cc"))
     assert banner.endswith(NOT_RUNNABLE) and major is None
@@ -185,7 +186,7 @@ def test_a_compiler_that_cannot_be_run_counts_as_unsafe_for_amx(tmp_path: Path) 
 
 
 def test_the_users_cmake_args_are_kept_last_and_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import specdec.build_flags as bf
+    import specdec.llama_trust.build_flags as bf
 
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES='80;90'")
     plan = bf.this_machine()
@@ -202,7 +203,7 @@ def test_only_a_wheel_this_script_built_is_installed(tmp_path: Path) -> None:
     import hashlib
     import json
 
-    import specdec.build_flags as bf
+    import specdec.llama_trust.build_flags as bf
 
     name = "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
     planted = tmp_path / name
@@ -220,7 +221,7 @@ def test_only_a_wheel_this_script_built_is_installed(tmp_path: Path) -> None:
 def test_install_builds_the_patched_library_by_default(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import specdec.build_flags as bf
+    import specdec.llama_trust.build_flags as bf
 
     called: list[str] = []
     monkeypatch.setattr(bf, "install", lambda *a, **k: called.append("stock"))

@@ -199,11 +199,11 @@ def test_verdict_caches_take_any_json_and_anything_that_is_no_file(
     which: str, tmp_path: Path
 ) -> None:
     if which == "kernel":
-        from specdec.models import kernel_check as mod
+        from specdec.llama_trust import kernel_check as mod
 
         valid = KERNEL_VALID
     else:
-        from specdec.models import exact_kernels as mod  # type: ignore[no-redef]
+        from specdec.llama_trust import exact_kernels as mod  # type: ignore[no-redef]
 
         valid = EXACT_VALID
     entry = tmp_path / "k1.json"
@@ -224,7 +224,7 @@ def test_verdict_caches_take_any_json_and_anything_that_is_no_file(
 def test_a_cached_verdict_cannot_write_to_the_terminal(tmp_path: Path) -> None:
     """The kernel-check notice printed a cached verdict's strings raw to stderr (ANSI / OSC
     escapes repainted the terminal)."""
-    from specdec.models.kernel_check import cached_verdicts
+    from specdec.llama_trust.kernel_check import cached_verdicts
 
     forged = dict(KERNEL_VALID)
     forged["trials"] = [
@@ -486,9 +486,9 @@ def test_the_make_install_record_is_read_safely(
     """llama-build.json as a FIFO hung doctor, as /dev/zero filled memory, 2,000 levels deep
     was a RecursionError, and wrong types were a traceback in doctor's lines; `make install`
     reads it too (build_flags.installed_record, whether its build is already in place)."""
-    from specdec.build_flags import RECORD, installed_record
     from specdec.doctor import format_report, gather
-    from specdec.models.kernel_check import make_install_record
+    from specdec.llama_trust.build_flags import RECORD, installed_record
+    from specdec.llama_trust.kernel_check import make_install_record
 
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     path = tmp_path / RECORD
@@ -506,8 +506,8 @@ def test_the_make_install_record_is_read_safely(
 
 
 def test_make_install_record_fuzz(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from specdec.build_flags import RECORD
-    from specdec.models.kernel_check import make_install_record
+    from specdec.llama_trust.build_flags import RECORD
+    from specdec.llama_trust.kernel_check import make_install_record
 
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     rng = random.Random(SEED)
@@ -664,7 +664,7 @@ def test_a_profile_with_a_damaged_exact_price_or_build_is_profiled_again(
 ) -> None:
     """A profile's exact-numerics price and build summary are read by `specdec profile`'s and
     `demo`'s lines: any value there is read or refused, and the lines never fail."""
-    from specdec.models.kernel_check import build_line
+    from specdec.llama_trust.kernel_check import build_line
     from specdec.profiler.exact_price import ExactPrice
     from specdec.profiler.run import ProfileResult
 

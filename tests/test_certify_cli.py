@@ -243,13 +243,14 @@ def test_an_exact_certificate_names_the_kv_cache_its_target_ran_with() -> None:
 def test_a_llama_cpp_certificate_names_the_build_that_ran(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    import specdec.models.lib_identity as lib_identity
+    import specdec.llama_trust.lib_identity as lib_identity
+    import specdec.models.llamacpp as backend
     from specdec.certify.report import Certificate
     from specdec.certify.runner import runtime_info
 
     for version, words in ((3, "exact build, patch version 3"), (None, "stock build")):
         ident = lib_identity.LibIdentity("/x/libggml-cpu.so", "ab" * 32, version)
-        monkeypatch.setattr(lib_identity, "loaded", lambda ident=ident: ident)
+        monkeypatch.setattr(backend, "loaded_library", lambda ident=ident: ident)
         info = runtime_info(SimpleNamespace(path="t.gguf", exact=True))
         assert info is not None and info["ggml_cpu"].startswith(words)
         assert "abababab" in info["ggml_cpu"]
@@ -259,10 +260,10 @@ def test_a_llama_cpp_certificate_names_the_build_that_ran(monkeypatch: pytest.Mo
     def two_files() -> None:
         raise lib_identity.LibIdentityError("two different libggml-cpu files are mapped: a, b")
 
-    monkeypatch.setattr(lib_identity, "loaded", two_files)  # recorded, not a crash
+    monkeypatch.setattr(backend, "loaded_library", two_files)  # recorded, not a crash
     info = runtime_info(SimpleNamespace(exact=True))
     assert info is not None and info["ggml_cpu"].startswith("two different")
-    monkeypatch.setattr(lib_identity, "loaded", lambda: None)  # nothing mapped: nothing said
+    monkeypatch.setattr(backend, "loaded_library", lambda: None)  # nothing mapped: nothing said
     assert "ggml_cpu" not in (runtime_info(SimpleNamespace(exact=True)) or {})
     assert "ggml_cpu" not in (runtime_info(SimpleNamespace(dtype="float32")) or {})
 

@@ -10,7 +10,7 @@ import pytest
 
 from specdec.cli import main
 from specdec.doctor import format_report, gather
-from specdec.models.kernel_check import KernelVerdict, Trial, _save
+from specdec.llama_trust.kernel_check import KernelVerdict, Trial, _save
 
 SECTIONS = (
     "machine", "cpu_flags", "packages", "llama_cpp", "kernel_checks", "exact_checks", "gpus",

@@ -68,7 +68,7 @@ def test_exact_model_configs() -> None:
 
 
 def test_exact_settings_refuse_what_contradicts_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    from specdec.models.exact_kernels import DEFAULT_ATTENTION, FLASH_Q8_0_KEYS
+    from specdec.llama_trust.exact_kernels import DEFAULT_ATTENTION, FLASH_Q8_0_KEYS
     from specdec.models.llamacpp import TILED_ENV, _exact_settings
 
     monkeypatch.delenv(TILED_ENV, raising=False)
@@ -236,7 +236,7 @@ def test_cached_exact_costs_are_keyed_by_the_kv_cache_types(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # a cost measured under other cache types must not be reused (it is another price)
-    from specdec.models import exact_kernels
+    from specdec.llama_trust import exact_kernels
     from specdec.models.loader import ModelConfig
     from specdec.profiler import target_costs
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-import specdec.build_flags as bf
+import specdec.llama_trust.build_flags as bf
 from tiny_models import llama_cpp_or_skip, store_model_or_skip
 
 Q4_K = "CPU_REPACK/Q4_K"
@@ -71,8 +71,8 @@ def test_exact_numerics_switch_the_row_invariant_mode_only_on_the_exact_build(
 ) -> None:
     import os
 
-    import specdec.models.ggml_bufts as bufts
-    from specdec.models.exact_kernels import ROW_INVARIANT_ENV, use_row_invariant_kernels
+    import specdec.llama_trust.ggml_bufts as bufts
+    from specdec.llama_trust.exact_kernels import ROW_INVARIANT_ENV, use_row_invariant_kernels
 
     monkeypatch.delenv(ROW_INVARIANT_ENV, raising=False)
     if preset is not None:
@@ -97,8 +97,8 @@ def test_exact_numerics_keep_the_tiled_path_only_where_the_build_makes_it_row_in
 ) -> None:
     import os
 
-    import specdec.models.ggml_bufts as bufts
-    from specdec.models.exact_kernels import (
+    import specdec.llama_trust.ggml_bufts as bufts
+    from specdec.llama_trust.exact_kernels import (
         FLASH_Q8_0_KEYS,
         ROW_INVARIANT_ENV,
         row_invariant_keeps_tiled,
@@ -134,8 +134,8 @@ def test_exact_numerics_keep_the_tiled_path_only_where_the_build_makes_it_row_in
 def test_exact_numerics_run_the_default_attention_only_where_the_build_makes_it_row_invariant(
     monkeypatch: pytest.MonkeyPatch, version: int, preset: str | None, attention: str
 ) -> None:
-    import specdec.models.ggml_bufts as bufts
-    from specdec.models.exact_kernels import (
+    import specdec.llama_trust.ggml_bufts as bufts
+    from specdec.llama_trust.exact_kernels import (
         DEFAULT_ATTENTION,
         FLASH_Q8_0_KEYS,
         ROW_INVARIANT_ENV,
@@ -154,7 +154,7 @@ def test_exact_numerics_run_the_default_attention_only_where_the_build_makes_it_
 
 
 def test_the_build_version_is_read_from_the_exported_symbol() -> None:
-    from specdec.models.ggml_bufts import ROW_INVARIANT_SYMBOL, Ggml
+    from specdec.llama_trust.ggml_bufts import ROW_INVARIANT_SYMBOL, Ggml
 
     class Lib:
         pass
@@ -173,7 +173,7 @@ def test_the_build_version_is_read_from_the_exported_symbol() -> None:
 
 def test_doctor_and_the_profile_name_the_build() -> None:
     from specdec.doctor import exact_build_text
-    from specdec.models.kernel_check import build_line
+    from specdec.llama_trust.kernel_check import build_line
 
     assert exact_build_text(True).startswith("exact build")
     assert "version" not in exact_build_text(True)  # a report from before it was recorded
@@ -286,7 +286,7 @@ def smol_q4_k() -> Path:
     llama_cpp_or_skip()
     import llama_cpp
 
-    from specdec.models.ggml_bufts import ggml
+    from specdec.llama_trust.ggml_bufts import ggml
 
     g = ggml(llama_cpp)
     if not g.row_invariant_repack():
@@ -317,7 +317,7 @@ def test_the_q4_k_weights_take_the_repacked_kernels(smol_q4_k: Path) -> None:
     import llama_cpp
 
     from specdec.hub.gguf import check_gguf_header
-    from specdec.models.ggml_bufts import Choice, ggml, weight_groups
+    from specdec.llama_trust.ggml_bufts import Choice, ggml, weight_groups
 
     tensors = check_gguf_header(smol_q4_k).tensors
     q4_k = [t for t in tensors if t.ggml_type == 12]  # GGML_TYPE_Q4_K

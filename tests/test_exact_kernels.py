@@ -1,5 +1,5 @@
 """Exact numerics keep the optional kernels that are row-invariant and move only the groups
-(buffer type, weight type) whose rows depend on the pass size (``models.exact_kernels``).
+(buffer type, weight type) whose rows depend on the pass size (``llama_trust.exact_kernels``).
 
 The real-child tests use the small test model requantized to Q4_0 and to Q4_K_M (types ggml
 repacks on x86; the Q4_1 file has none) and skip with a reason without it. A non-invariant group is
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from specdec.llama_trust.exact_kernels import ExactVerdict, GroupTrial, run_check
+from specdec.llama_trust.ggml_bufts import Choice, group_name
 from specdec.models.exact import NotExactError
-from specdec.models.exact_kernels import ExactVerdict, GroupTrial, run_check
-from specdec.models.ggml_bufts import Choice, group_name
 from tiny_models import llama_cpp_or_skip, store_model_or_skip
 
 Q4_0 = "CPU_REPACK/Q4_0"
@@ -83,7 +83,7 @@ def _tensors(path: Path) -> list[object]:
 def test_groups_are_found_and_moved_per_weight_type(smol_q4_0: Path) -> None:
     import llama_cpp
 
-    from specdec.models.ggml_bufts import ROW_LOOKUP, ggml, moved_tensors, weight_groups
+    from specdec.llama_trust.ggml_bufts import ROW_LOOKUP, ggml, moved_tensors, weight_groups
 
     g = ggml(llama_cpp)
     if "CPU_REPACK" not in g.extra_types():
@@ -126,7 +126,7 @@ def test_exact_mode_moves_what_the_probe_finds_and_refuses_a_wrong_verdict(
     on for good and the self-check rightly refuses even the right verdict."""
     import llama_cpp
 
-    from specdec.models.ggml_bufts import ggml
+    from specdec.llama_trust.ggml_bufts import ggml
     from specdec.models.llamacpp import LlamaCppLM
 
     if "CPU_REPACK" not in ggml(llama_cpp).extra_types():

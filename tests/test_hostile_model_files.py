@@ -4,7 +4,7 @@ llama-cpp-python's ``Llama()`` compiles every chat template of a GGUF with Jinja
 and Jinja2 folds constant expressions while compiling: a template holding ``7 ** 77777777``
 hung the load for minutes, one holding ``'a' * 10**9`` made it allocate 4.2 GB, before
 specdec's bounded renderer ever saw them. specdec's loads compile no template
-(``models.llama_params``). transformers' tokenizers keep the template text until
+(``llama_trust.llama_params``). transformers' tokenizers keep the template text until
 ``apply_chat_template`` (which specdec never calls), checked here too.
 
 Each load runs in a child process under a hang guard (a failing test, never a stuck suite);
@@ -91,7 +91,7 @@ def test_only_the_swapped_formatter_keeps_llama_cpp_python_from_compiling() -> N
     import llama_cpp
     from jinja2 import TemplateSyntaxError
 
-    from specdec.models.llama_params import UncompiledTemplate, loading
+    from specdec.llama_trust.llama_params import UncompiledTemplate, loading
 
     bad = "{% for %}"
     with loading(llama_cpp, templates=True):

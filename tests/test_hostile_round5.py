@@ -714,7 +714,7 @@ def test_python_api_type_holes_are_config_errors(kw: dict[str, Any], words: str)
 
 def test_a_bad_kernel_fault_is_a_config_error() -> None:
     from specdec.errors import ConfigError
-    from specdec.models.kernel_probe import parse_fault
+    from specdec.llama_trust.kernel_probe import parse_fault
 
     with pytest.raises(ConfigError, match="SPECDEC_TEST_KERNEL_FAULT"):
         parse_fault("bogus")
@@ -761,8 +761,8 @@ def test_a_self_check_refusal_names_the_cached_verdict_it_came_from(
     llama_cpp_or_skip()
     import specdec.models.exact as exact_mod
     import specdec.models.llamacpp as backend
+    from specdec.llama_trust.exact_kernels import ExactVerdict
     from specdec.models.exact import NotExactError
-    from specdec.models.exact_kernels import ExactVerdict
 
     stale = ExactVerdict("all", ("CPU_REPACK/Q4_0",), (), cached=True, key="stalekey")
 

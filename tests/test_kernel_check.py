@@ -1,4 +1,4 @@
-"""The check of llama.cpp's optional kernels (models.kernel_check): a child that crashes, hangs
+"""The check of llama.cpp's optional kernels (llama_trust.kernel_check): a child that crashes, hangs
 or computes wrong numbers turns its buffer type off, healthy kernels stay on, the verdict is
 cached by what it depends on, and every load goes through it.
 
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.models.ggml_bufts import Choice
-from specdec.models.kernel_check import (
+from specdec.llama_trust.ggml_bufts import Choice
+from specdec.llama_trust.kernel_check import (
     FAULT_ENV,
     TV_TOLERANCE,
     CheckSettings,
@@ -30,7 +30,7 @@ from specdec.models.kernel_check import (
     run_check,
     verdict_key,
 )
-from specdec.models.kernel_probe import parse_fault
+from specdec.llama_trust.kernel_probe import parse_fault
 from tiny_models import llama_cpp_or_skip, store_model_or_skip, threads
 
 # --------------------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def test_the_placement_probe_sizes_its_buffer_as_the_buffer_type_asks() -> None:
     aborted (SIGABRT) while the kernel check asked which type takes a tensor, so every
     avoid-one child died and both AMX and CPU_REPACK were turned off (found on an Intel Xeon
     with AMX, native build). The buffer must be the type's own alloc size."""
-    from specdec.models.ggml_bufts import Ggml
+    from specdec.llama_trust.ggml_bufts import Ggml
 
     sizes: list[int] = []
     g = Ggml.__new__(Ggml)
@@ -94,7 +94,7 @@ def test_the_placement_probe_sizes_its_buffer_as_the_buffer_type_asks() -> None:
 
 
 def test_the_notice_names_what_is_off_and_what_is_kept() -> None:
-    from specdec.models.kernel_check import Trial
+    from specdec.llama_trust.kernel_check import Trial
 
     v = KernelVerdict(
         ("AMX", "CPU_REPACK"),
@@ -180,7 +180,7 @@ def test_overrides_move_exactly_the_tensors_of_the_avoided_type(smol_q4_0: Path)
 def _rows_with_choice(path: Path, choice: Choice) -> torch.Tensor:
     import llama_cpp
 
-    from specdec.models.llama_params import load_llama
+    from specdec.llama_trust.llama_params import load_llama
 
     llm = load_llama(llama_cpp, path, choice, n_ctx=64, n_threads=threads(), logits_all=True)
     llm.eval(list(range(300, 312)))
@@ -265,7 +265,7 @@ def test_the_command_line_survives_a_crashing_kernel_and_says_so(
 
 
 def test_the_build_line_says_which_kernels_ran() -> None:
-    from specdec.models.kernel_check import build_line
+    from specdec.llama_trust.kernel_check import build_line
 
     base = {"llama_cpp_python": "0.3.36", "make_install": None}
     off = {"listed": ["AMX", "CPU_REPACK"], "choice": "avoid:AMX", "disabled": ["AMX"]}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec.models.lib_identity import (
+from specdec.llama_trust.lib_identity import (
     LibIdentity,
     LibIdentityError,
     lib_dir_problem,

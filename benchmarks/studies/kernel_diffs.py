@@ -1,7 +1,7 @@
 """How far apart healthy llama.cpp kernels' logits are: the measurement the kernel check's
-tolerance (``models.kernel_check.TV_TOLERANCE``) is taken from.
+tolerance (``llama_trust.kernel_check.TV_TOLERANCE``) is taken from.
 
-For each model and thread count, the kernel check's own child pass (``models.kernel_probe``:
+For each model and thread count, the kernel check's own child pass (``llama_trust.kernel_probe``:
 one 20-row pass and four one-row passes) runs with every optional kernel the build offers and
 with none, each with ggml's tiled K-quant path on and off: four healthy kernel sets. For every
 pair of them, the row-wise total variation distance between the next-token distributions
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from specdec.hub import find_entry, model_path
-from specdec.models.kernel_check import CheckSettings, _probe, row_tv
-from specdec.models.kernel_probe import Choice
+from specdec.llama_trust.kernel_check import CheckSettings, _probe, row_tv
+from specdec.llama_trust.kernel_probe import Choice
 from specdec.util.machine import cpu_flags, machine_info
 
 MODELS = (
@@ -61,7 +61,7 @@ def main() -> None:
     args = ap.parse_args()
     import llama_cpp
 
-    from specdec.models.ggml_bufts import ggml
+    from specdec.llama_trust.ggml_bufts import ggml
 
     listed = tuple(ggml(llama_cpp).extra_types())
     rows = []

@@ -156,12 +156,15 @@ def default_numerics(target: str, options: ModelOptions, log: Log = lambda _: No
         return False
     from specdec.hub import resolve as resolve_file
     from specdec.hub.gguf import check_gguf_header, check_metadata
+    from specdec.models.llamacpp import check_context
     from specdec.profiler.exact_default import exact_default
 
     try:
         path = resolve_file(target, fetch=False)
-        # a file the load will refuse is refused in its one line, not measured first
-        check_metadata(path, check_gguf_header(path))
+        # a file or a window the load will refuse is refused in its one line, not measured
+        header = check_gguf_header(path)
+        check_metadata(path, header)
+        check_context(path, header, options.n_ctx)
     except (ValueError, OSError):  # a missing or bad file is reported (or fetched) by the load
         return False
     return exact_default(target, str(path), options.n_threads, log=log).exact

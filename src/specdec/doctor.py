@@ -39,15 +39,15 @@ def _llama() -> dict[str, Any]:
             "error": f"its library would not load: {printable(e, 300)}",
             "lib_path_env": os.environ.get("LLAMA_CPP_LIB_PATH"),
         }
-    from specdec.build_flags import this_machine
-    from specdec.models.ggml_bufts import ggml, lib_dir
-    from specdec.models.kernel_check import make_install_record
+    from specdec.llama_trust.build_flags import this_machine
+    from specdec.llama_trust.ggml_bufts import ggml, lib_dir
+    from specdec.llama_trust.kernel_check import make_install_record
 
     out: dict[str, Any] = {
         "installed": True,
         "version": getattr(llama_cpp, "__version__", None),
         "system_info": llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip(),
-        "built_by_make_install": make_install_record(),  # read safely (models.kernel_check)
+        "built_by_make_install": make_install_record(),  # read safely (llama_trust.kernel_check)
         "lib_dir": str(lib_dir(llama_cpp)),
         "lib_path_env": os.environ.get("LLAMA_CPP_LIB_PATH"),
     }
@@ -68,7 +68,7 @@ def exact_build_text(exact_build: object, version: object = None) -> str:
     """Which build is present, in the words doctor and the profile use (``version``: the
     patch version the build reports, where known)."""
     if exact_build is True:
-        from specdec.models.exact_kernels import DEFAULT_ATTENTION_FROM, KEEPS_TILED_FROM
+        from specdec.llama_trust.exact_kernels import DEFAULT_ATTENTION_FROM, KEEPS_TILED_FROM
 
         if not isinstance(version, int) or version < 1:
             kept, named = "the repacked kernels", ""
@@ -92,7 +92,7 @@ def exact_build_text(exact_build: object, version: object = None) -> str:
 
 
 def _kernel_checks() -> dict[str, Any]:
-    from specdec.models.kernel_check import cached_verdicts, checks_dir
+    from specdec.llama_trust.kernel_check import cached_verdicts, checks_dir
 
     return {
         "dir": str(checks_dir()),
@@ -101,7 +101,7 @@ def _kernel_checks() -> dict[str, Any]:
 
 
 def _exact_checks() -> dict[str, Any]:
-    from specdec.models.exact_kernels import cached_verdicts, checks_dir
+    from specdec.llama_trust.exact_kernels import cached_verdicts, checks_dir
 
     return {
         "dir": str(checks_dir()),
@@ -191,7 +191,7 @@ def gather(*, check: Path | None = None) -> dict[str, Any]:
 
 def _check_now(path: Path) -> dict[str, Any]:
     from specdec.hub.gguf import check_gguf_header
-    from specdec.models.kernel_check import CheckSettings, kernel_verdict
+    from specdec.llama_trust.kernel_check import CheckSettings, kernel_verdict
 
     header = check_gguf_header(path)
     verdict = kernel_verdict(

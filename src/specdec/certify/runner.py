@@ -86,10 +86,10 @@ def runtime_info(model: object) -> dict[str, str] | None:
     if None not in kv:  # the llama.cpp backend's KV cache types, keys / values
         info["kv_cache"] = "/".join(str(t) for t in kv)
     if hasattr(model, "exact"):  # which llama.cpp build ran: its CPU library as mapped
-        from specdec.models.lib_identity import LibIdentityError, loaded
+        from specdec.models.llamacpp import LibIdentityError, loaded_library
 
         try:
-            lib = loaded()
+            lib = loaded_library()
         except LibIdentityError as err:  # recorded, not fatal: the certificate says so
             info["ggml_cpu"] = str(err)
             lib = None

@@ -143,7 +143,7 @@ def render(result: Any) -> str:
 
         lines.append("  " + ExactPrice.from_dict(result.exact).sentence())
     if result.build:
-        from specdec.models.kernel_check import build_line
+        from specdec.models.llamacpp import build_line
 
         lines.append("  " + build_line(result.build))
     return "\n".join(lines)

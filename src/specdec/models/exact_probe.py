@@ -1,11 +1,11 @@
-"""The child process of the exact-numerics check (``models.exact_kernels``): load a GGUF with
+"""The child process of the exact-numerics check (``llama_trust.exact_kernels``): load a GGUF with
 one kernel choice and exact numerics' other settings, compare passes of ``PROBE_ROWS`` rows
 with one-token passes bitwise, print one JSON line (``exact``, ``detail``).
 
     python -m specdec.models.exact_probe MODEL --threads N --choice all|avoid:A,B
 
 A module of its own because it loads the model (``models.llamacpp``), which itself asks
-``models.exact_kernels`` for the verdict: the parent side must not import the backend.
+``llama_trust.exact_kernels`` for the verdict: the parent side must not import the backend.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import os
 import sys
 from typing import Any
 
-from specdec.models.exact_kernels import (
+from specdec.llama_trust.exact_kernels import (
     FAULT_ENV,
     PROBE_CONTEXT,
     PROBE_ROWS,
     PROBE_TEXT,
     exact_attention,
 )
-from specdec.models.ggml_bufts import Choice
+from specdec.llama_trust.ggml_bufts import Choice
 
 
 def probe(path: str, choice: Choice, threads: int, fault: str) -> dict[str, Any]:
@@ -31,8 +31,8 @@ def probe(path: str, choice: Choice, threads: int, fault: str) -> dict[str, Any]
     of ``PROBE_ROWS`` rows with one-token passes bitwise."""
     import llama_cpp
 
+    from specdec.llama_trust.ggml_bufts import ggml, weight_groups
     from specdec.models.exact import check_rows_exact
-    from specdec.models.ggml_bufts import ggml, weight_groups
     from specdec.models.llamacpp import LlamaCppLM
 
     need = PROBE_CONTEXT + max(PROBE_ROWS)

@@ -9,12 +9,12 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
 
 * ``repack=False`` loads the weights without llama.cpp's extra CPU buffer types (repacked
   weights, AMX, ...: ``llama_model_params.use_extra_bufts``, what llama-cli's ``--no-repack``
-  sets; ``models.llama_params`` sets fields ``Llama()`` does not expose); the field the model
+  sets; ``llama_trust.llama_params`` sets fields ``Llama()`` does not expose); the field the model
   was loaded with is checked afterwards. With repack on (the default), the build's extra
-  buffer types are first checked on this machine in child processes (``models.kernel_check``,
+  buffer types are first checked on this machine in child processes (``llama_trust.kernel_check``,
   once per machine, build and weight types); one that crashes or computes wrong numbers is
   left out, per tensor where that suffices.
-* No chat template from the file is compiled at load (``models.llama_params``): specdec
+* No chat template from the file is compiled at load (``llama_trust.llama_params``): specdec
   renders templates itself, bounded (``specdec.templates``).
 * ``n_ubatch`` / ``n_threads_batch``: llama.cpp's physical batch and the threads used for
   passes over more than one token.
@@ -22,7 +22,7 @@ Speed levers (keyword options, all off by default so the defaults behave as befo
   so speculative output equals plain decoding's token for token (``models.exact``). On ggml's
   CPU backend a row's bits depend on the pass size through four kernel switches, each
   avoided here: optional kernels whose n-row path sums in another order than their one-row
-  path (on x86 the repacked Q4_K gemm, 4+ rows: ``models.exact_kernels`` finds them per
+  path (on x86 the repacked Q4_K gemm, 4+ rows: ``llama_trust.exact_kernels`` finds them per
   buffer type and weight type, in child processes, once per build, machine and model, and
   moves only those weights to the plain kernels; the others keep their repacked kernels. On
   the exact build, ``make install``, the repacked kernels have a row-invariant mode,
@@ -66,24 +66,33 @@ import torch
 
 from specdec.core.model import check_extend_args, check_truncate_args
 from specdec.errors import ConfigError, ModelLoadError
-from specdec.models.exact_kernels import (
+from specdec.llama_trust.exact_kernels import (
     TILED_ENV,
     ExactAttention,
     ExactVerdict,
-    exact_attention,
     exact_verdict,
     row_invariant_keeps_tiled,
     use_row_invariant_kernels,
 )
-from specdec.models.ggml_bufts import Choice
-from specdec.models.kernel_check import (
+
+# The llama.cpp trust subsystem (``specdec.llama_trust``) is imported by the backends and the
+# doctor alone; the tools above them (profile, certify, the exact-numerics default) reach
+# what they record of the build through this door: these re-exports and build_identity().
+from specdec.llama_trust.exact_kernels import exact_attention as exact_attention
+from specdec.llama_trust.ggml_bufts import Choice
+from specdec.llama_trust.kernel_check import (
     CheckSettings,
     KernelVerdict,
     Log,
     kernel_verdict,
     stderr_log,
 )
-from specdec.models.llama_params import has_param_field, load_llama
+from specdec.llama_trust.kernel_check import build_line as build_line
+from specdec.llama_trust.kernel_check import build_summary as build_summary
+from specdec.llama_trust.lib_identity import LibIdentity as LibIdentity
+from specdec.llama_trust.lib_identity import LibIdentityError as LibIdentityError
+from specdec.llama_trust.lib_identity import loaded as loaded_library  # noqa: F401
+from specdec.llama_trust.llama_params import has_param_field, load_llama
 from specdec.models.prompt_cache import DEFAULT_MAX_BYTES, PromptCache, reuse_prefix
 
 if TYPE_CHECKING:
@@ -115,6 +124,22 @@ def _import_llama() -> Any:
     return llama_cpp
 
 
+def build_identity() -> tuple[str, int] | None:
+    """(SHA-256 of the libggml-cpu llama-cpp-python would load, its row-invariant patch
+    version, 0 for the stock build); None where llama-cpp-python cannot be imported."""
+    try:
+        import llama_cpp
+    except (ImportError, OSError, RuntimeError):
+        return None
+    from specdec.llama_trust.ggml_bufts import ggml, lib_dir
+    from specdec.llama_trust.lib_identity import file_sha256
+
+    libdir = Path(lib_dir(llama_cpp))
+    lib = next(iter(sorted(libdir.glob("libggml-cpu.*"))), None)
+    digest = file_sha256(lib) if lib is not None else "unknown"
+    return digest, ggml(llama_cpp).row_invariant_version()
+
+
 # TILED_ENV: ggml reads it once per process, at its first K-quant matrix product
 
 
@@ -127,7 +152,7 @@ def _exact_settings(
 ) -> tuple[bool, bool, str, str]:
     """The settings exact numerics need (refusing contradicting ones): repack as asked (on by
     default: the optional kernels that break row invariance are moved off per weight type at
-    load, ``models.exact_kernels``), the build's ``attention``
+    load, ``llama_trust.exact_kernels``), the build's ``attention``
     (``exact_kernels.exact_attention``), and ggml's tiled K-quant path switched off for this
     process unless the environment already says so, or the build keeps it (``keep_tiled``:
     the exact build's row-invariant mode, version 2 on, makes the tiled path and the small
@@ -315,7 +340,7 @@ class LlamaCppLM:
         options existed), verbose shows llama.cpp's load log; pad_min defaults to
         ``default_pad_min(pad_to)``. repack defaults to on (off with ``exact``). With repack
         on, the build's optional kernels are checked on this machine first
-        (``models.kernel_check``, cached; ``log`` hears what it turns off) unless
+        (``llama_trust.kernel_check``, cached; ``log`` hears what it turns off) unless
         ``check_kernels`` is False; ``kernels`` names the choice of optional kernels outright
         (no check, no exact-numerics verdict: the probes' children). See the module docstring
         for repack, padding and exact numerics."""
@@ -445,7 +470,7 @@ class LlamaCppLM:
                 verdict = getattr(self, "exact_kernels", None)
                 if verdict is None or not verdict.cached or not verdict.key:
                     raise
-                from specdec.models.exact_kernels import checks_dir
+                from specdec.llama_trust.exact_kernels import checks_dir
 
                 stale = checks_dir() / f"{verdict.key}.json"
                 raise NotExactError(  # a verdict cached by another build can be stale

@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecdecError
@@ -126,6 +125,8 @@ def summary(exact: bool, decision: ExactDefault | None) -> str:
 def cached_decision(model: str, n_threads: int | None) -> ExactDefault | None:
     """The cached decision for ``model`` (a store name or a GGUF path), or None: nothing is
     measured here."""
+    from specdec.models.llamacpp import build_identity
+
     ident = build_identity()
     if ident is None:
         return None
@@ -140,22 +141,6 @@ def _cached(key: str, log: Log) -> ExactDefault | None:
         where = cache.profile_dir() / f"{key}.json"
         log(f"ignoring the damaged exact-numerics decision {where}: deciding again")
     return hit
-
-
-def build_identity() -> tuple[str, int] | None:
-    """(SHA-256 of the libggml-cpu llama-cpp-python would load, its row-invariant patch
-    version, 0 for the stock build); None where llama-cpp-python cannot be imported."""
-    try:
-        import llama_cpp
-    except (ImportError, OSError, RuntimeError):
-        return None
-    from specdec.models.ggml_bufts import ggml, lib_dir
-    from specdec.models.lib_identity import file_sha256
-
-    libdir = Path(lib_dir(llama_cpp))
-    lib = next(iter(sorted(libdir.glob("libggml-cpu.*"))), None)
-    digest = file_sha256(lib) if lib is not None else "unknown"
-    return digest, ggml(llama_cpp).row_invariant_version()
 
 
 def default_key(model: str, n_threads: int | None, lib_sha256: str, version: int) -> str:
@@ -193,7 +178,11 @@ def exact_default(
     the machine was (its error costs speed, not exactness), and so is a build's failure to
     run them. A cache that cannot be written leaves the decision to this run, in one line.
     ``measure`` and ``identity`` replace the measurement and the build's identity (tests)."""
-    ident = identity if identity is not None else build_identity()
+    if identity is None:
+        from specdec.models.llamacpp import build_identity
+
+        identity = build_identity()
+    ident = identity
     if ident is None:
         return ExactDefault(False, "exact numerics: llama-cpp-python is not installed")
     lib_sha, version = ident

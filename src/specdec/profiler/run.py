@@ -25,7 +25,7 @@ from specdec.core.vocab import check_same_vocabulary
 from specdec.drafters.planned import PlannedSuffixDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import ConfigError, SpecdecError
-from specdec.models.exact_kernels import exact_attention
+from specdec.models.llamacpp import exact_attention
 from specdec.models.loader import ModelConfig, load_model
 from specdec.pairs import (
     DEFAULT_DRAFT,
@@ -483,7 +483,7 @@ def _measure(
     result.draft_refs = refs
     path = getattr(targets.get("llamacpp"), "path", None)
     if path is not None:
-        from specdec.models.kernel_check import build_summary
+        from specdec.models.llamacpp import build_summary
 
         result.build = build_summary(getattr(targets["llamacpp"], "kernels", None))
     if path is not None:  # exact numerics: their price here, and whether they are the default

@@ -19,7 +19,7 @@ from typing import Any
 
 from specdec.core.model import CausalLM
 from specdec.errors import SpecdecError
-from specdec.models.exact_kernels import exact_attention
+from specdec.models.llamacpp import exact_attention
 from specdec.models.loader import ModelConfig
 from specdec.pairs import CostProvider, is_planned
 from specdec.profiler import cache
@@ -52,7 +52,7 @@ def costs_key(cfg: ModelConfig) -> str:
         "format": FORMAT,
     }
     if cfg.exact:  # other kernels, other costs (absent otherwise, so older keys still hold);
-        # 2: exact numerics keep the row-invariant optional kernels (models.exact_kernels);
+        # 2: exact numerics keep the row-invariant optional kernels (llama_trust.exact_kernels);
         # their KV cache types are part of the key, as in the kernel verdict's and profile's
         settings["exact"] = 2
         settings["exact_kv"] = exact_attention().key()

@@ -1,8 +1,8 @@
 """llama-cpp-python's OpenAI server (``python -m llama_cpp.server``) behind the kernel check:
 the local engine the endpoint tools and their tests start, loaded with the optional kernels
-that passed on this machine (``models.kernel_check``), as every specdec load is.
+that passed on this machine (``llama_trust.kernel_check``), as every specdec load is.
 
-    python -m specdec.models.llama_server_guard --model MODEL.gguf [llama_cpp.server options]
+    python -m specdec.llama_trust.llama_server_guard --model MODEL.gguf [llama_cpp.server options]
 
 The options go to llama_cpp.server unchanged; ``--model`` and ``--n_threads`` are also read
 here, for the check. The server renders chat templates itself (its own Jinja2), so unlike
@@ -27,9 +27,9 @@ def main(argv: list[str] | None = None) -> None:
     import llama_cpp
 
     from specdec.hub.gguf import check_gguf_header
-    from specdec.models.ggml_bufts import Choice
-    from specdec.models.kernel_check import CheckSettings, kernel_verdict
-    from specdec.models.llama_params import buffer_fields, loading
+    from specdec.llama_trust.ggml_bufts import Choice
+    from specdec.llama_trust.kernel_check import CheckSettings, kernel_verdict
+    from specdec.llama_trust.llama_params import buffer_fields, loading
 
     path = Path(known.model)
     threads = known.n_threads or max(1, os.cpu_count() or 1)

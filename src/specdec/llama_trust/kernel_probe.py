@@ -1,7 +1,7 @@
-"""The child process of the kernel check (``models.kernel_check``): load a GGUF with one choice
+"""The child process of the kernel check (``llama_trust.kernel_check``): load a GGUF with one choice
 of llama.cpp's optional CPU kernels, score a fixed token sequence, write the logits.
 
-    python -m specdec.models.kernel_probe MODEL OUT.npy --threads N --choice all|none|avoid:A,B
+    python -m specdec.llama_trust.kernel_probe MODEL OUT.npy --threads N --choice all|none|avoid:A,B
         [--fault KIND:BUFT]
 
 The sequence is scored as one pass of ``BATCH_ROWS`` tokens (the batched kernels: gemm, tiled
@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from specdec.models.ggml_bufts import Choice
+from specdec.llama_trust.ggml_bufts import Choice
 
 BATCH_ROWS = 20  # past every row-count switch of ggml's CPU matrix products (2, 4, 8, 16)
 SINGLE_ROWS = 4
@@ -64,7 +64,7 @@ def _act(kind: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specdec.models.kernel_probe")
+    ap = argparse.ArgumentParser(prog="python -m specdec.llama_trust.kernel_probe")
     ap.add_argument("model")
     ap.add_argument("out")
     ap.add_argument("--threads", type=int, required=True)
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import llama_cpp
 
-    from specdec.models.llama_params import load_llama
+    from specdec.llama_trust.llama_params import load_llama
 
     t0 = time.perf_counter()
     llm = load_llama(

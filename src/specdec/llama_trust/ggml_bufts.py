@@ -18,12 +18,12 @@ Tensors read by row lookup (token embeddings) only ever move to the plain buffer
 A *group* is one weight type inside one extra buffer type, named ``BUFT/TYPE``
 (``CPU_REPACK/Q4_K``): the kernels a weight runs on depend on both (the repacked Q4_K gemm is
 not the repacked Q4_0 one), so a choice can avoid a group while the buffer type keeps the
-other weight types (``models.exact_kernels`` moves only the groups whose rows depend on the
+other weight types (``llama_trust.exact_kernels`` moves only the groups whose rows depend on the
 pass size).
 
 Everything here is introspection through ggml's public C API (ctypes over the libraries
 llama-cpp-python ships); no kernel runs. Whether a configuration actually computes the right
-numbers is ``models.kernel_check``'s question, answered in a child process.
+numbers is ``llama_trust.kernel_check``'s question, answered in a child process.
 """
 
 from __future__ import annotations

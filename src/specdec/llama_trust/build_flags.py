@@ -35,9 +35,9 @@ on a CPU with AMX, AMX is left out as for GCC < 13 (the safe side). A wheel is i
 if it is the file this script built there (its SHA-256 is recorded beside it at build time); a
 wheel found without that record, or with another digest, is built again.
 
-    python src/specdec/build_flags.py --explain          # what would be built, and why
-    python src/specdec/build_flags.py --install VENV_PY  # build (or reuse) and install it
-    python src/specdec/build_flags.py --install VENV_PY --stock  # the unpatched library
+    python src/specdec/llama_trust/build_flags.py --explain   # what would be built, and why
+    python src/specdec/llama_trust/build_flags.py --install VENV_PY  # build (or reuse), install
+    python src/specdec/llama_trust/build_flags.py --install VENV_PY --stock  # the stock library
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ PACKAGE = "llama-cpp-python==0.3.36"  # the version specdec is tested and measur
 # its source archive on PyPI (files there never change), checked before the exact build uses it
 SDIST = "llama_cpp_python-0.3.36.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-PATCH = Path(__file__).resolve().parents[2] / "patches" / "ggml-cpu-repack-row-invariant.patch"
+PATCH = Path(__file__).resolve().parents[3] / "patches" / "ggml-cpu-repack-row-invariant.patch"
 FIRST_GOOD_GCC = 13
 # /proc/cpuinfo flag(s) -> the GGML option that compiles for them (ggml/CMakeLists.txt)
 ISA_OPTIONS: tuple[tuple[tuple[str, ...], str], ...] = (

@@ -1,13 +1,13 @@
 """Check llama.cpp's optional CPU kernels on this machine before trusting them.
 
-A llama.cpp build offers *extra buffer types* (``models.ggml_bufts``): AMX tiles, repacked
+A llama.cpp build offers *extra buffer types* (``llama_trust.ggml_bufts``): AMX tiles, repacked
 gemm/gemv (``CPU_REPACK``), KleidiAI, ... Some machines cannot run some of them although the
 build and the OS say they can: on Intel Xeons that advertise AMX, llama-cpp-python 0.3.36
 built with GCC 12 dies in ``ggml_backend_amx_mul_mat`` at the first decode (SIGSEGV; SIGILL
 with one OpenMP thread), and the kernel's AMX permission check passes there, so no OS-level
 test predicts it (llama.cpp issue 20824, ollama issue 17006). A kernel can also run and
 compute wrong numbers. So before a model is loaded with them, once per machine, build and
-weight types, this module runs a small pass in child processes (``models.kernel_probe``):
+weight types, this module runs a small pass in child processes (``llama_trust.kernel_probe``):
 
 1. the reference, with no optional kernel (``use_extra_bufts = False``);
 2. every optional kernel the build lists (llama.cpp's default);
@@ -53,15 +53,15 @@ import numpy as np
 
 from specdec.errors import ModelLoadError
 from specdec.hub.gguf import GGUFHeader
-from specdec.models.ggml_bufts import Choice
-from specdec.models.kernel_probe import parse_fault
+from specdec.llama_trust.ggml_bufts import Choice
+from specdec.llama_trust.kernel_probe import parse_fault
 
 SCHEMA = 2  # 2: verdicts record the model, its weight types and when
 TV_TOLERANCE = 0.25
 TIMEOUT_FLOOR_S = 60.0  # a child's time bound is at least this (a loaded machine is slow)
 TIMEOUT_FACTOR = 10.0  # ... and at least this many times the reference child's time
 REFERENCE_TIMEOUT_S = 600.0
-FAULT_ENV = "SPECDEC_TEST_KERNEL_FAULT"  # the test hook: KIND:BUFT (models.kernel_probe)
+FAULT_ENV = "SPECDEC_TEST_KERNEL_FAULT"  # the test hook: KIND:BUFT (llama_trust.kernel_probe)
 CHECKS_DIR_ENV = "SPECDEC_KERNEL_CHECKS"
 _MAX_CACHE_BYTES = 1 << 20
 REBUILD_HINT = "a build without them: make install (docs/machines.md)"
@@ -86,7 +86,7 @@ class Trial:
 @dataclass(frozen=True)
 class KernelVerdict:
     """Which of the build's optional kernels (``listed``) a load may use: ``choice`` is
-    ``all``, ``avoid:A[,B]`` or ``none`` (``models.kernel_probe.Choice``)."""
+    ``all``, ``avoid:A[,B]`` or ``none`` (``llama_trust.kernel_probe.Choice``)."""
 
     listed: tuple[str, ...]
     choice: str
@@ -199,7 +199,7 @@ def checks_dir(root: Path | None = None) -> Path:
 
 def build_id(llama_cpp: Any) -> str:
     """SHA-256 over the shared libraries llama-cpp-python loads (another build: another id)."""
-    from specdec.models.ggml_bufts import lib_dir
+    from specdec.llama_trust.ggml_bufts import lib_dir
 
     libdir = lib_dir(llama_cpp)
     h = hashlib.sha256()
@@ -276,7 +276,7 @@ def _probe(
     cmd = [
         sys.executable,
         "-m",
-        "specdec.models.kernel_probe",
+        "specdec.llama_trust.kernel_probe",
         str(path),
         str(out),
         "--threads",
@@ -404,7 +404,7 @@ def _save(directory: Path, verdict: KernelVerdict) -> None:
 def listed_types(llama_cpp: Any, fault: str | None) -> tuple[str, ...]:
     """The build's extra buffer types; a test fault names one the build may lack (it is then
     listed first, where ggml lists AMX)."""
-    from specdec.models.ggml_bufts import ggml
+    from specdec.llama_trust.ggml_bufts import ggml
 
     listed = tuple(ggml(llama_cpp).extra_types())
     parsed = parse_fault(fault)
@@ -426,7 +426,7 @@ def kernel_verdict(
     ``log`` hears that a check runs and what it turned off."""
     import llama_cpp
 
-    from specdec.models.ggml_bufts import ggml
+    from specdec.llama_trust.ggml_bufts import ggml
 
     listed = listed_types(llama_cpp, settings.fault)
     if not listed:
@@ -464,8 +464,8 @@ def make_install_record() -> dict[str, Any] | None:
     record the file system holds: a regular file, bounded, JSON of bounded depth, an object;
     else None (a FIFO there hung doctor, /dev/zero filled memory, 2,000 levels of nesting
     were a RecursionError; ``build_flags.installed_record`` reads it for the build itself)."""
-    from specdec.build_flags import RECORD
     from specdec.hub.safe_paths import read_json
+    from specdec.llama_trust.build_flags import RECORD
 
     data = read_json(Path(sys.prefix) / RECORD)
     return data if isinstance(data, dict) else None
@@ -477,7 +477,7 @@ def build_summary(verdict: KernelVerdict | None) -> dict[str, Any]:
     verdict for the model (None: no optional kernel was in play)."""
     import llama_cpp
 
-    from specdec.models.ggml_bufts import ggml
+    from specdec.llama_trust.ggml_bufts import ggml
 
     return {
         "llama_cpp_python": getattr(llama_cpp, "__version__", None),

@@ -7,7 +7,7 @@ order than its one-row gemv, while other repacked kernels may not
 (``benchmarks/studies/kernel_rows.py`` measures it per group; docs/exact-numerics.md has the
 table). Turning
 every optional kernel off (what exact numerics did first) costs ~40 % of decode speed on
-AVX-512 machines, so this module decides per *group* (``BUFT/TYPE``, ``models.ggml_bufts``):
+AVX-512 machines, so this module decides per *group* (``BUFT/TYPE``, ``llama_trust.ggml_bufts``):
 
 1. the groups a load with the kernel check's choice would use (none: nothing to decide);
 2. a child process loads the model with all of them and exact numerics' other settings (tiled
@@ -57,8 +57,8 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import ModelLoadError
-from specdec.models.ggml_bufts import Choice
-from specdec.models.kernel_check import Log, stderr_log, verdict_dir
+from specdec.llama_trust.ggml_bufts import Choice
+from specdec.llama_trust.kernel_check import Log, stderr_log, verdict_dir
 from specdec.util import jsonbound
 
 SCHEMA = 1
@@ -197,7 +197,7 @@ def use_row_invariant_kernels(llama_cpp: Any) -> bool:
     """On the exact build, switch its repacked kernels to their row-invariant mode for this
     process (unless the environment already says otherwise) and say whether it is on; False
     on a stock build, where the probe moves the non-invariant groups off instead."""
-    from specdec.models.ggml_bufts import ggml
+    from specdec.llama_trust.ggml_bufts import ggml
 
     if not ggml(llama_cpp).row_invariant_repack():
         return False
@@ -212,7 +212,7 @@ KEEPS_TILED_FROM = 2
 def _row_invariant_from(llama_cpp: Any, version: int) -> bool:
     """The exact build's row-invariant mode, patch ``version`` or later, is on (or will be,
     ``use_row_invariant_kernels`` setting it) for this process."""
-    from specdec.models.ggml_bufts import ggml
+    from specdec.llama_trust.ggml_bufts import ggml
 
     if ggml(llama_cpp).row_invariant_version() < version:
         return False
@@ -257,7 +257,7 @@ def checks_dir(root: Path | None = None) -> Path:
 def verdict_key(
     llama_cpp: Any, path: Path, choice: Choice, groups: Sequence[str], threads: int, fault: str
 ) -> str:
-    from specdec.models.kernel_check import build_id
+    from specdec.llama_trust.kernel_check import build_id
     from specdec.util.machine import all_cpu_flags, cpu_model
 
     try:
@@ -374,7 +374,7 @@ def exact_verdict(
     check's): cached, or checked now in child processes (and cached)."""
     import llama_cpp
 
-    from specdec.models.ggml_bufts import ggml, weight_groups
+    from specdec.llama_trust.ggml_bufts import ggml, weight_groups
 
     groups = tuple(weight_groups(ggml(llama_cpp), tensors, choice))
     if not groups:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from specdec.models.ggml_bufts import Choice
+    from specdec.llama_trust.ggml_bufts import Choice
 
 # Serialises loads that temporarily replace llama-cpp-python's module attributes. Code outside
 # specdec that builds a Llama() on another thread during such a load would see them too;
@@ -90,7 +90,7 @@ def buffer_fields(llama_cpp: Any, path: str | Path, choice: Choice) -> tuple[dic
     if not choice.avoid:
         return {}, None
     from specdec.hub.gguf import check_gguf_header
-    from specdec.models.ggml_bufts import OverrideArray, ggml, group_patterns, moved_tensors
+    from specdec.llama_trust.ggml_bufts import OverrideArray, ggml, group_patterns, moved_tensors
 
     g = ggml(llama_cpp)
     header = check_gguf_header(path)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specdec.models.ggml_bufts import ROW_INVARIANT_SYMBOL
+from specdec.llama_trust.ggml_bufts import ROW_INVARIANT_SYMBOL
 
 STEM = "ggml-cpu"
 _MAPS = Path("/proc/self/maps")
