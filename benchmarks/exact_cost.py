@@ -6,7 +6,7 @@ alternated over ``--rounds`` rounds (A B C, C B A, ...) so that drift falls on a
   default        llama.cpp as llama-cpp-python loads it (repack on, no flash attention, tiled
                  K-quant path on, F16 KV cache): what a user runs without specdec
   exact          LlamaCppLM(exact=True): the optional kernels that keep rows bit-identical
-                 stay, the groups that do not (models.exact_kernels' verdict, cached; on x86
+                 stay, the groups that do not (llama_trust.exact_kernels' verdict, cached; on x86
                  the repacked Q4_K gemm) move to the plain kernels; tiled path off, flash
                  attention, the KV cache types of exact_kernels.EXACT_KV (Q8_0 keys / F16
                  values; F16 keys / Q8_0 values before 2026-12-03)
@@ -163,7 +163,7 @@ def worker(
     path = resolve(TARGET, fetch=False)
     repack = False if setting == "exact-none" else None
     lm = LlamaCppLM(path, n_ctx=4096, n_threads=threads, exact=exact, repack=repack)
-    from specdec.models.lib_identity import loaded
+    from specdec.llama_trust.lib_identity import loaded
 
     ident = loaded()
     out_kernels = {
@@ -235,7 +235,7 @@ def run_worker(setting: str, args: argparse.Namespace) -> dict[str, Any]:
 def check_builds_differ(one_round: dict[str, dict[str, Any]]) -> None:
     """Stop a run whose patched build is the installed one's file (it would compare the
     installed build with itself)."""
-    from specdec.models.lib_identity import recorded_problems
+    from specdec.llama_trust.lib_identity import recorded_problems
 
     kernels = {name: r.get("kernels", {}) for name, r in one_round.items()}
     problems = recorded_problems({n: (k.get("lib"), k.get("lib_path")) for n, k in kernels.items()})
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for lib in (args.patched_lib, args.stock_lib):
         if lib is not None:
-            from specdec.models.lib_identity import lib_dir_problem
+            from specdec.llama_trust.lib_identity import lib_dir_problem
 
             if (problem := lib_dir_problem(lib)) is not None:
                 raise SystemExit(problem)

@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             "numerics": args.numerics,
             "exact": exact,
             "threads": args.threads,
-            # which optional kernels the target kept (models.exact_kernels) and which build
+            # which optional kernels the target kept (llama_trust.exact_kernels) and which build
             "kernels": target.kernel_choice.text(),
             "lib_path": os.environ.get("LLAMA_CPP_LIB_PATH"),
             "runs": runs,

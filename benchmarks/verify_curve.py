@@ -31,7 +31,7 @@ more than the few per cent a kernel change costs, while neighbours in one round 
 Builds are compared in one run with ``--lib LABEL=DIR`` (another build's lib directory,
 loaded through LLAMA_CPP_LIB_PATH) and settings named ``SETTING@LABEL``. Each worker records
 the ``libggml-cpu`` it really mapped (path, SHA-256, the exact build's row-invariant version;
-``specdec.models.lib_identity``), and a run whose differently named builds mapped one file, or
+``specdec.llama_trust.lib_identity``), and a run whose differently named builds mapped one file, or
 whose lib directory holds different files under ``libggml-cpu.so`` and ``.so.0``, stops.
 
     PYTHONPATH=src python benchmarks/verify_curve.py MODEL [--repeats 5] [--rounds R] \\
@@ -116,7 +116,7 @@ def time_passes(lm: Any, context: list[int], ns: list[int], repeats: int) -> dic
 def worker(args: argparse.Namespace) -> None:
     """Runs in the subprocess: load, time, print one JSON line on stdout."""
     from specdec.hub import resolve
-    from specdec.models.lib_identity import loaded
+    from specdec.llama_trust.lib_identity import loaded
     from specdec.models.llamacpp import LlamaCppLM
     from specdec.profiler.passes import profile_context
 
@@ -216,7 +216,7 @@ def run_setting(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def check_builds_differ(per_round: dict[str, list[dict[str, Any]]]) -> None:
     """Stop a run whose settings name different builds but ran one library file."""
-    from specdec.models.lib_identity import recorded_problems
+    from specdec.llama_trust.lib_identity import recorded_problems
 
     first = {name: runs[0] for name, runs in per_round.items() if runs}
     problems = recorded_problems({n: (r.get("lib"), r.get("lib_dir")) for n, r in first.items()})
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     unlabelled = sorted({lab for s in names if (lab := split_setting(s)[1]) and lab not in libs})
     if unlabelled:
         ap.error(f"settings name builds no --lib gives: {unlabelled}")
-    from specdec.models.lib_identity import lib_dir_problem
+    from specdec.llama_trust.lib_identity import lib_dir_problem
 
     for libdir in libs.values():
         if (problem := lib_dir_problem(libdir)) is not None:

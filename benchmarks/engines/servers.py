@@ -323,7 +323,7 @@ def llama_cpp_python(
     argv = [
         sys.executable,
         "-m",
-        "specdec.models.llama_server_guard",  # llama_cpp.server behind the kernel check
+        "specdec.llama_trust.llama_server_guard",  # llama_cpp.server behind the kernel check
         "--model",
         model_path(model),
         "--host",

@@ -109,7 +109,7 @@ def load(model: str, setting: str, threads: int, n_ctx: int) -> Any:
         from specdec.models.hf import load_hf
 
         return load_hf(path, n_ctx=n_ctx, n_threads=threads, **options)
-    from specdec.models.ggml_bufts import Choice
+    from specdec.llama_trust.ggml_bufts import Choice
     from specdec.models.llamacpp import LlamaCppLM
 
     if "kernels" in options:  # the optional kernels named outright (no check)
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         path = resolve(args.model, fetch=False)
         import llama_cpp
 
-        from specdec.models.lib_identity import loaded
+        from specdec.llama_trust.lib_identity import loaded
 
         system_info = llama_cpp.llama_print_system_info().decode()
         ident = loaded()  # the libggml-cpu the workers ran (the same LLAMA_CPP_LIB_PATH)

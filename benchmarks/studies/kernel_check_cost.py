@@ -1,4 +1,4 @@
-"""What the kernel check (``models.kernel_check``) costs: the first load of a model on a
+"""What the kernel check (``llama_trust.kernel_check``) costs: the first load of a model on a
 machine (the check runs: child processes with and without the optional kernels) against a
 later load (the verdict is read from the cache) and a load with the check off, in one run.
 

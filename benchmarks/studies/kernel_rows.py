@@ -5,7 +5,7 @@ For each model, configurations start from exact numerics' settings with *every* 
 plain kernels (``plain``: no optional kernel, tiled K-quant path off, flash attention, F16 keys
 / Q8_0 values) and change one thing each:
 
-  BUFT/TYPE   that one group (a weight type in an extra buffer type, ``models.ggml_bufts``)
+  BUFT/TYPE   that one group (a weight type in an extra buffer type, ``llama_trust.ggml_bufts``)
               back on its optional kernel (CPU_REPACK's repacked gemm/gemv), others plain
   tiled       the tiled K-quant path on (GGML_CPU_TILED_MM unset: K-quant weights on the
               plain buffer, 8+ rows; ggml reads the variable once per process, so it cannot
@@ -64,14 +64,14 @@ def groups_of(path: Path) -> list[str]:
     import llama_cpp
 
     from specdec.hub.gguf import check_gguf_header
-    from specdec.models.ggml_bufts import Choice, ggml, weight_groups
+    from specdec.llama_trust.ggml_bufts import Choice, ggml, weight_groups
 
     return list(weight_groups(ggml(llama_cpp), check_gguf_header(path).tensors, Choice()))
 
 
 def settings(config: str, groups: list[str]) -> tuple[bool, dict[str, Any]]:
     """(tiled on, LlamaCppLM options) of a configuration."""
-    from specdec.models.ggml_bufts import Choice
+    from specdec.llama_trust.ggml_bufts import Choice
 
     if config in FIXED:
         tiled, fa, tk, tv = FIXED[config]
