@@ -189,10 +189,15 @@ def test_resolve_takes_the_decision_for_an_existing_gguf(tmp_path, monkeypatch) 
         return ExactDefault(True, "cheap here")
 
     monkeypatch.setattr("specdec.profiler.exact_default.exact_default", fake)
-    cfg = configuration.resolve(str(gguf), "none", ModelOptions(), log=lines.append)
+    fits = ModelOptions(n_ctx=2048)  # the file's context length
+    cfg = configuration.resolve(str(gguf), "none", fits, log=lines.append)
     assert cfg.target.exact and lines == ["decided"]
-    off = configuration.resolve(str(gguf), "none", ModelOptions(exact=False))
+    off = configuration.resolve(str(gguf), "none", ModelOptions(n_ctx=2048, exact=False))
     assert not off.target.exact
+    # a window the load will refuse (4096 > 2048) is not measured either
+    lines.clear()
+    too_long = configuration.resolve(str(gguf), "none", ModelOptions(), log=lines.append)
+    assert not too_long.target.exact and lines == []
     # a file the load will refuse is not measured: the load's one-line error comes first
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF")
