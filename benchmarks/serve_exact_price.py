@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--code", type=int, default=8, help="HumanEval completions")
     ap.add_argument("--edits", type=int, default=4, help="code edits with their predictions")
     args = ap.parse_args(argv)
+    if args.summary and not args.out.is_file():
+        sys.exit(f"error: {args.out} does not exist")
     if args.summary:
         print(summary([json.loads(x) for x in args.out.read_text().splitlines() if x.strip()]))
         return 0

@@ -53,7 +53,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         env.pop(switch, None)
     out = subprocess.run(
         [*argv, "-p", "no:cacheprovider"],
-        cwd=root,
+        cwd=pyfuncitem.config.rootpath,  # where the node id is relative to
         env=env,
         capture_output=True,
         text=True,

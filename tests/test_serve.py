@@ -674,7 +674,7 @@ def test_serve_loads_the_pair_on_the_thread_that_generates(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """llama.cpp with OpenMP keeps a thread team per calling thread: a pair whose first passes
-    ran on the main thread decoded 15-25 % slower on the server's worker thread. So the
+    ran on the main thread decoded 15-40 % slower on the server's worker thread. So the
     serve command loads (and checks and measures) the pair on the engine's worker, and every
     generation runs there: the thread that loaded is the thread that generates."""
     import specdec.api

@@ -86,8 +86,8 @@ def worker_thread() -> ThreadPoolExecutor:
     """The thread a served pair is loaded on and generates on. One thread for both: llama.cpp
     built with OpenMP keeps a thread team per calling thread, and a pair whose first passes
     ran on another thread (an exact target's load-time self-check, the verify-cost
-    measurement) decoded 15-25 % slower on the second one here (2-core AMD EPYC: a plain
-    step 45-48 ms against 37-39 ms; ``benchmarks/results/serve-exact-price.jsonl``)."""
+    measurement) decoded 15-40 % slower on the second one here (2-core AMD EPYC: a plain
+    step 45-52 ms against 36-39 ms; ``benchmarks/results/serve-exact-price-before-fix.jsonl``)."""
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-generate")
 
 
