@@ -177,6 +177,8 @@ def test_the_fault_setting_keeps_every_draft_and_is_off_unless_asked() -> None:
     argmax = torch.tensor([5, 6, 7, 8])
     kernel(None, torch.tensor([2, 4]), torch.tensor([1, 2, 3, -1]), argmax, 4)
     assert seen == [[1, 2, 3, 8]] and argmax.tolist() == [5, 6, 7, 8]
+    with pytest.raises(RuntimeError, match="no _rejection_greedy_sample"):
+        fault.install_fault("keep-drafts", type("OtherVllm", (), {})())
 
 
 # -- the step clock -----------------------------------------------------------------------------

@@ -72,7 +72,12 @@ def install_fault(fault: str | None, module: Any = None) -> bool:
         import importlib
 
         module = importlib.import_module("vllm.v1.sample.rejection_sampler")
-    kernel = module._rejection_greedy_sample
+    kernel = getattr(module, "_rejection_greedy_sample", None)
+    if kernel is None:  # another vLLM: the fault cannot be made here, and must not pass silently
+        raise RuntimeError(
+            f"{FAULT_ENV}={fault}: this vLLM has no _rejection_greedy_sample to wrap "
+            "(made for vLLM 0.32's rejection sampler)"
+        )
     if not isinstance(kernel, KeepDrafts):
         module._rejection_greedy_sample = KeepDrafts(kernel)
     return True
