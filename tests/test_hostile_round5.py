@@ -470,6 +470,55 @@ def test_a_request_whose_client_left_is_neither_tokenized_nor_queued() -> None:
         assert ok.status_code == 200
 
 
+def test_tokenize_is_bounded_skipped_when_its_client_left_and_admitted_by_slots() -> None:
+    """/tokenize and /detokenize get the generation routes' admission: text that cannot fit
+    the window is a 400 before the tokenizer sees it, a request whose client left while it
+    waited for the tokenizer is not tokenized, and without a free slot of their own pool a
+    request is a 429 (they were tokenized at once, one thread each, without bound)."""
+    pair = mock_serve_pair(draft="close")
+    counting = CountingTokenizer(pair.target.tokenizer)
+    pair.target._tokenizer = counting  # type: ignore[attr-defined]
+    big = "x" * ((4 << 20) // 2)
+    with running_server(pair, max_body_bytes=8 << 20, max_queue=0) as base:
+        r = httpx.post(base + "/tokenize", json={"prompt": big}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+        assert "cannot fit the context window" in r.json()["error"]["message"]
+        assert counting.chars == 0
+        state = _app_state(pair)
+        state.tokenize_lock.acquire()
+        try:
+            with pytest.raises(httpx.ReadTimeout):  # waits for the tokenizer, then hangs up
+                httpx.post(
+                    base + "/tokenize",
+                    json={"prompt": "abc " * 100},
+                    timeout=httpx.Timeout(10, read=0.5),
+                )
+            time.sleep(0.6)  # the server sees the hang-up (polled every 0.25 s)
+            # one slot (max_queue 0): a request waiting for the tokenizer holds it
+            waiting: list[httpx.Response] = []
+            t = threading.Thread(
+                target=lambda: waiting.append(
+                    httpx.post(base + "/tokenize", json={"prompt": "abc"}, timeout=30)
+                )
+            )
+            t.start()
+            deadline = time.monotonic() + 10
+            refused = httpx.post(base + "/detokenize", json={"tokens": [3, 4]}, timeout=30)
+            while refused.status_code != 429 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the waiting request may not have taken its slot yet
+                refused = httpx.post(base + "/detokenize", json={"tokens": [3, 4]}, timeout=30)
+            assert refused.status_code == 429 and "retry-after" in refused.headers
+            assert refused.json()["error"]["code"] == "queue_full"
+        finally:
+            state.tokenize_lock.release()
+        t.join(30)
+        assert counting.chars == len("abc")  # the abandoned request was never tokenized
+        assert waiting and waiting[0].status_code == 200 and waiting[0].json()["count"] > 0
+        # generations keep their own pool: a completion is admitted meanwhile
+        ok = httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+        assert ok.status_code == 200
+
+
 def test_with_no_free_slot_a_request_is_refused_before_its_body_is_read() -> None:
     """The queue is full: a client that announces a 4 MiB body gets its 429 before sending
     a byte of it (it was read, parsed and tokenized first)."""

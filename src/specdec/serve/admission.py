@@ -9,11 +9,14 @@ gone) and another client's 4-token request waited 33-68 s behind them for the to
 - ``Admission`` (pure ASGI): a generation request holds one of ``max_queue + 1`` slots (the
   running one and those waiting) from its arrival to its answer; without a free slot it is a
   429 with ``Retry-After`` (a 503 while shutting down), before a byte of its body is read.
+  The tokenizer routes (``/tokenize``, ``/detokenize``) hold slots of a pool of their own, so
+  a flood of them is refused the same way and never queues behind, or ahead of, generations
+  for the tokenizer without bound.
 - ``text_bound``: text that cannot fit the context window whatever it tokenizes to (more
   characters than ``n_ctx`` times the longest token's) is a 400 before the tokenizer sees it;
   ``longest_token_chars`` measures that length once per served model.
 - ``Turn``: the tokenizer's lock, taken for one request, which gives up its turn
-  (``ClientGone``) when its client has left meanwhile.
+  (``ClientGone``) as soon as its client is seen gone while it waits.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ Scope = dict[str, Any]
 Receive = Callable[[], Any]
 Send = Callable[[dict[str, Any]], Any]
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize"})
 POLL_S = 0.25  # how often a request being prepared checks that its client is there
 
 
@@ -59,8 +63,8 @@ class Slots:
 
 
 class Admission:
-    """A slot for each generation request before its body is read (see the module doc);
-    ``closing`` and ``retry_after`` come from the engine."""
+    """A slot for each request to one of ``paths`` before its body is read (see the module
+    doc); ``closing`` and ``retry_after`` come from the engine."""
 
     def __init__(
         self,
@@ -68,14 +72,16 @@ class Admission:
         slots: Slots,
         closing: Callable[[], bool],
         retry_after: Callable[[], int],
+        paths: frozenset[str] = GENERATION_PATHS,
     ) -> None:
         self.app = app
         self.slots = slots
         self.closing = closing
         self.retry_after = retry_after
+        self.paths = paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") not in GENERATION_PATHS:
+        if scope["type"] != "http" or scope.get("path") not in self.paths:
             await self.app(scope, receive, send)
             return
         if self.closing():
@@ -145,7 +151,11 @@ class Turn:
         self.gone = gone
 
     def __enter__(self) -> None:
-        self.lock.acquire()
+        # waiting, it looks for its client every POLL_S: one that left gives up its turn
+        # (and so its admission slot) at once, not when the tokenizer is next free
+        while not self.lock.acquire(timeout=POLL_S):
+            if self.gone.is_set():
+                raise ClientGone
         if self.gone.is_set():
             self.lock.release()
             raise ClientGone

@@ -39,6 +39,7 @@ from specdec.pairs import pair_context_limit
 from specdec.prompting import check_text, encode_text
 from specdec.request import GenerationRequest
 from specdec.serve.admission import (
+    TOKENIZER_PATHS,
     Admission,
     ClientGone,
     Slots,
@@ -138,14 +139,14 @@ class _State:
         special = self.config.settings.parse_special
         return [text_prompt(self.pair, req, turn, special, p) for p in req.prompts()]
 
-    def tokenize(self, text: str, add_special: bool) -> list[int]:
+    def tokenize(self, text: str, add_special: bool, turn: Turn) -> list[int]:
         """``/tokenize``: the ids a completions prompt of ``text`` gets (special-token text
-        is text unless the server parses it), under the tokenizer's lock."""
+        is text unless the server parses it), in the tokenizer's turn."""
         try:
             check_text(text, "the prompt")
         except SpecdecError as e:
             raise FieldError("prompt", str(e)) from e
-        with self.tokenize_lock:
+        with turn:
             return encode_text(
                 self.pair.target,
                 text,
@@ -170,12 +171,12 @@ class _State:
             "model_max_length": pair_context_limit(self.pair.draft, target),
         }
 
-    def detokenize(self, ids: list[int]) -> str:
+    def detokenize(self, ids: list[int], turn: Turn) -> str:
         vocab = self.pair.target.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise FieldError("tokens", f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        with self.tokenize_lock:
+        with turn:
             text: str = self.pair.target.tokenizer.decode(ids)
         return text
 
@@ -222,6 +223,12 @@ class _State:
             except ClientGone:
                 return None
             return None if gone.is_set() else (ids, pred)
+
+    async def in_turn(self, request: Request, work: Callable[[Turn], Any]) -> Any:
+        """``work(turn)`` off the event loop in the tokenizer's turn; raises ClientGone when
+        the client left before its turn came (its text is then never tokenized)."""
+        async with watched(request.is_disconnected) as gone:
+            return await asyncio.to_thread(work, Turn(self.tokenize_lock, gone))
 
 
 def _reset_caches(pair: Pair) -> None:
@@ -308,10 +315,15 @@ def create_app(
         return await _respond(state, req, params, request, chat=True, wire=wire, tools=tools)
 
     @app.post("/tokenize", dependencies=[Depends(auth)], response_model=None)
-    async def tokenize(req: TokenizeRequest) -> Response:
+    async def tokenize(req: TokenizeRequest, request: Request) -> Response:
         _check_model(req, config)
-        ids = await asyncio.to_thread(state.tokenize, req.text(), req.special())
+        text, special = req.text(), req.special()
         n_ctx = pair_context_limit(pair.draft, pair.target)
+        text_bound(len(text), n_ctx, state.token_chars, "prompt")  # before the tokenizer
+        try:
+            ids = await state.in_turn(request, lambda turn: state.tokenize(text, special, turn))
+        except ClientGone:
+            return Response(status_code=499)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": n_ctx})
 
     @app.get("/tokenizer_info", dependencies=[Depends(auth)], response_model=None)
@@ -319,9 +331,12 @@ def create_app(
         return JSONResponse(await asyncio.to_thread(state.tokenizer_info))
 
     @app.post("/detokenize", dependencies=[Depends(auth)], response_model=None)
-    async def detokenize(req: DetokenizeRequest) -> Response:
+    async def detokenize(req: DetokenizeRequest, request: Request) -> Response:
         _check_model(req, config)
-        text = await asyncio.to_thread(state.detokenize, req.tokens)
+        try:
+            text = await state.in_turn(request, lambda turn: state.detokenize(req.tokens, turn))
+        except ClientGone:
+            return Response(status_code=499)
         return JSONResponse({"prompt": text, "content": text})
 
     def record(path: str, status: int) -> None:
@@ -335,6 +350,13 @@ def create_app(
         slots=Slots(config.max_queue + 1),
         closing=lambda: state.engine.closing,
         retry_after=state.engine.retry_after,
+    )
+    app.add_middleware(  # the tokenizer routes: a pool of their own, the same size
+        Admission,
+        slots=Slots(config.max_queue + 1),
+        closing=lambda: False,  # they answer while the server drains
+        retry_after=state.engine.retry_after,
+        paths=TOKENIZER_PATHS,
     )
     app.add_middleware(CountRequests, record=record)
     return app
