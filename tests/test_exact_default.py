@@ -208,6 +208,40 @@ def test_resolve_takes_the_decision_for_an_existing_gguf(tmp_path, monkeypatch) 
     assert lines == []
 
 
+def test_a_default_exact_load_refused_by_its_self_check_runs_plain_numerics(
+    monkeypatch,
+) -> None:
+    """Exact numerics decided by default, then refused at the load (in a process where a
+    model on default numerics already ran, ggml's once-per-process switches are set: CI's
+    `demo` test met it): `specdec.load` loads llama.cpp's numerics with one line saying
+    why; exact numerics the caller asked for stay a refusal."""
+    import specdec.api as api
+    from specdec.models.exact import NotExactError
+
+    loads: list[bool] = []
+    real = api.load_pair
+
+    def load_pair(draft, target, **kw):
+        loads.append(target.exact)
+        if target.exact:
+            raise NotExactError("t.gguf is not batch-invariant on this build and machine")
+        return real(draft, replace(target, model="mock:target:16", backend="mock"), **kw)
+
+    from dataclasses import replace
+
+    monkeypatch.setattr(api, "load_pair", load_pair)
+    monkeypatch.setattr("specdec.configuration.default_numerics", lambda *a, **k: True)
+    lines: list[str] = []
+    pair = api.load("/x/t.gguf", "none", log=lines.append)
+    assert loads == [True, False] and not pair.config.target.exact
+    assert "refused their self-check" in pair.config.numerics_note
+    assert any("exact numerics refused their self-check" in x and "t.gguf" in x for x in lines)
+    loads.clear()
+    with pytest.raises(NotExactError, match="batch-invariant"):
+        api.load("/x/t.gguf", "none", exact=True)
+    assert loads == [True]
+
+
 def test_exact_numerics_that_fail_to_run_are_not_the_default(tmp_path, monkeypatch) -> None:
     """A build whose kernels the patch does not cover fails the load-time check (or the
     measuring workers fail): llama.cpp's numerics stay, with the reason, and no traceback."""

@@ -375,7 +375,32 @@ def load(
         new_tokens=new_tokens,
         log=log,
     )
-    draft_model, target_model = load_pair(
-        config.draft, config.target, costs=config.costs, draft_window=config.draft_window
-    )
+    from specdec.models.exact import NotExactError
+
+    try:
+        draft_model, target_model = load_pair(
+            config.draft, config.target, costs=config.costs, draft_window=config.draft_window
+        )
+    except NotExactError as e:
+        if exact is not None or not config.target.exact:
+            raise  # asked for by the caller: its refusal is the answer
+        # decided here, not asked for: a default never fails where plain numerics can run
+        # (the self-check refuses when ggml's once-per-process switches were already read
+        # by a model on default numerics, or on a build it finds not row-invariant)
+        log(f"exact numerics refused their self-check, so llama.cpp's own numerics run: {e}")
+        config = resolve(
+            target,
+            draft,
+            dataclasses.replace(options, exact=False),
+            auto=auto,
+            draft_window=draft_window,
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            log=log,
+        )
+        draft_model, target_model = load_pair(
+            config.draft, config.target, costs=config.costs, draft_window=config.draft_window
+        )
+        note = "the default's exact numerics refused their self-check in this process"
+        config = dataclasses.replace(config, numerics_note=note)
     return Pair(target_model, draft_model, config.choice, config=config, log=log)

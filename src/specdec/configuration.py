@@ -50,6 +50,8 @@ class Configuration:
     how: str = ""  # "auto", "default" (the machine default), or "" (named by the user)
     # where a planned drafter gets the target's costs (None for any other drafter)
     costs: CostProvider | None = field(default=None, compare=False, repr=False)
+    # why the target's numerics are not the ones decided (a default exact load refused)
+    numerics_note: str = ""
 
     @property
     def label(self) -> str:

@@ -316,4 +316,6 @@ def numerics_line(pair: object, target: str, n_threads: int | None) -> str:
     exact = getattr(getattr(pair, "target", None), "exact", None)
     if exact is None:  # transformers or a mock: no exact mode to choose
         return "exact numerics: not a llama.cpp target (its rows are as its backend computes them)"
-    return summary(bool(exact), cached_decision(target, n_threads))
+    # a note: decided exact, refused at the load (``api.load``)
+    note = getattr(getattr(pair, "config", None), "numerics_note", "")
+    return summary(bool(exact), cached_decision(target, n_threads), note)

@@ -102,12 +102,15 @@ def decide(price: ExactPrice) -> ExactDefault:
     return ExactDefault(price.default, f"{why}: {price.sentence()}", price)
 
 
-def summary(exact: bool, decision: ExactDefault | None) -> str:
-    """One line for a user: whether exact numerics are on, what they cost here and why."""
+def summary(exact: bool, decision: ExactDefault | None, why: str = "") -> str:
+    """One line for a user: whether exact numerics are on, what they cost here and why
+    (``why``: a reason that overrides the decision's, e.g. a load that refused them)."""
     if exact:
         head = "exact numerics on: speculative output is plain decoding's, token for token"
     else:
         head = "exact numerics off: speculative output follows the target's distribution"
+    if why:
+        return f"{head} ({why})"
     if decision is None:
         return head + " (as asked)"
     p = decision.price
