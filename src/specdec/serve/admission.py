@@ -36,7 +36,7 @@ from specdec.serve.errors import FieldError
 Scope = dict[str, Any]
 Receive = Callable[[], Any]
 Send = Callable[[dict[str, Any]], Any]
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
 TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize"})
 POLL_S = 0.25  # how often a request being prepared checks that its client is there
 

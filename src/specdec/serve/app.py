@@ -2,6 +2,9 @@
 
     POST /v1/completions       text (or token ids) in, text out; ``stream: true`` for SSE
     POST /v1/chat/completions  messages through the target's chat template
+    POST /v1/responses         OpenAI's Responses API, read as the chat request it stands for
+                               (``serve.responses``): text, function tools, text.format,
+                               typed SSE events with ``stream: true``; nothing is stored
     POST /tokenize, /detokenize  text <-> token ids (vLLM's shapes, llama-server's names too)
     GET  /tokenizer_info       the end and start tokens, chat template, window (vLLM's)
     GET  /v1/models            the one served model
@@ -70,6 +73,13 @@ from specdec.serve.generation import (
 from specdec.serve.logprobs import WireToken, chat_shape, completion_shape
 from specdec.serve.metrics import ServerMetrics
 from specdec.serve.middleware import BodyLimit, CountRequests
+from specdec.serve.responses import (
+    ResponseFrame,
+    chat_request,
+    response_body,
+    response_events,
+    responses_names,
+)
 from specdec.serve.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -85,6 +95,7 @@ from specdec.serve.schemas import (
     GenerationFields,
     ModelCard,
     ModelList,
+    ResponsesRequest,
     Timings,
     TokenizeRequest,
     Usage,
@@ -95,6 +106,7 @@ from specdec.util.credentials import check_api_key
 ENDPOINTS = (
     "/v1/completions",
     "/v1/chat/completions",
+    "/v1/responses",
     "/v1/models",
     "/health",
     "/metrics",
@@ -299,20 +311,47 @@ def create_app(
         wire = Wire(req.echo, req.return_tokens_as_token_ids, req.prompt_logprobs)
         return await _respond(state, req, params, request, chat=False, wire=wire)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
-    async def chat_completions(req: ChatRequest, request: Request) -> Response:
+    async def chat_plan(req: ChatRequest, request: Request) -> list[GenerationRequest] | None:
+        """A chat request's generations (the path of /v1/chat/completions and
+        /v1/responses): size bounds, the messages tokenized in the tokenizer's turn, the
+        constraint tried; None when the client left before they were tokenized or queued."""
         _check_model(req, config)
         req.check()
         got = await state.prepared(req, request, lambda turn: [state.chat_ids(req, turn)])
         if got is None:
-            return Response(status_code=499)
+            return None
         ids, pred = got
         constraint = chat_constraint(pair, req)
         params = plan_choices(pair, req, ids, config.settings, pred, constraint)
         await asyncio.to_thread(check_constraint, pair, params[0])
+        return params
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(auth)], response_model=None)
+    async def chat_completions(req: ChatRequest, request: Request) -> Response:
+        params = await chat_plan(req, request)
+        if params is None:
+            return Response(status_code=499)
         wire = Wire(False, req.return_tokens_as_token_ids, req.prompt_logprobs)
         tools = template_tools(req) is not None
         return await _respond(state, req, params, request, chat=True, wire=wire, tools=tools)
+
+    @app.post("/v1/responses", dependencies=[Depends(auth)], response_model=None)
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        with responses_names():  # errors name the Responses API's fields
+            req = chat_request(body)
+            params = await chat_plan(req, request)
+        if params is None:
+            return Response(status_code=499)
+        model = config.settings.model_name
+        reply = ResponseFrame.of(body, req, model, n_prompt=_prompt_tokens(params, 1))
+        job = _submit(state, params, req.stream, Wire(False, req.return_tokens_as_token_ids))
+        if req.stream:
+            events = response_events(job, reply, ping_s=PING_S, shut_down=SHUT_DOWN)
+            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        choices = await _finished(job, request)
+        if choices is None:
+            return Response(status_code=499)  # nobody reads it
+        return JSONResponse(response_body(reply, choices[0]))
 
     @app.post("/tokenize", dependencies=[Depends(auth)], response_model=None)
     async def tokenize(req: TokenizeRequest, request: Request) -> Response:
@@ -470,13 +509,23 @@ async def _respond(
         # Starlette's own streaming response: it stops the stream when the client leaves, and
         # nothing else (sse-starlette's cut every stream at a shutdown signal, without [DONE])
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    choices = await _finished(job, request)
+    if choices is None:
+        return Response(status_code=499)  # nobody reads it
+    return JSONResponse(_final_body(choices, ids, chat=chat, n_prompt=n_prompt, tools=tools))
+
+
+async def _finished(job: Job, request: Request) -> list[ChoiceResult] | None:
+    """A non-streamed job's choices once it has finished; None when the client left first
+    (noticed within DISCONNECT_POLL_S; the generation stops at its next round). The job's
+    error is raised; a shutdown that cancelled it is a 503."""
     try:
         while True:
             try:
                 message = await asyncio.wait_for(job.next(), DISCONNECT_POLL_S)
             except TimeoutError:
                 if await request.is_disconnected():
-                    return Response(status_code=499)  # nobody reads it
+                    return None
                 continue
             if isinstance(message, Failed):
                 raise message.error
@@ -487,7 +536,7 @@ async def _respond(
     choices: list[ChoiceResult] | None = message.value
     if choices is None:  # cancelled by a shutdown
         raise APIError(503, SHUT_DOWN, code="shutting_down")
-    return JSONResponse(_final_body(choices, ids, chat=chat, n_prompt=n_prompt, tools=tools))
+    return choices
 
 
 def _prompt_tokens(params: list[GenerationRequest], n: int) -> int:

@@ -387,6 +387,32 @@ class ChatRequest(GenerationFields):
         return self.max_completion_tokens or self.max_tokens
 
 
+class ResponsesRequest(BaseModel):
+    """OpenAI's Responses API (``POST /v1/responses``). Only the envelope's types are checked
+    here; ``serve.responses`` reads the input items, tools, tool choice and text format into
+    the chat request they stand for, each error naming its place (``input[2].call_id``), and
+    the chat request checks the values (temperature, top_p, seed, ... by the chat rules)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: str | dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP)
+
+
 # -- responses ---------------------------------------------------------------------------------
 
 
