@@ -16,7 +16,7 @@ The seeds are the caller's (the certificate derives them from its ``SeedPlan``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +24,7 @@ import torch
 
 from specdec.core.drafter import Drafter
 from specdec.core.loop import generate, generate_stream
+from specdec.core.processors import RowProcessor
 from specdec.core.sampling import SamplingConfig, logits_to_probs, make_generator
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.planned import PlannedSuffixDrafter
@@ -34,6 +35,8 @@ from specdec.theory import Costs
 
 # (drafter kind, K) -> the tokens speculative decoding generated
 SpecOutputs = dict[tuple[str, int], list[int]]
+# a fresh row processor for one generation (a grammar: ``constrained_runs``), or None
+Processors = Callable[[], RowProcessor] | None
 
 
 # ------------------------------------------------------------------ exact distributions
@@ -162,11 +165,12 @@ def greedy_outputs(
     drafters: Sequence[str],
     ks: Sequence[int],
     foreign_seed: int,
+    processors: Processors = None,
 ) -> tuple[list[int], list[int], SpecOutputs]:
     """The greedy outputs for one prompt, given its reference path ``ref`` (the target's
     ``greedy_continuation`` of ``max_new_tokens``): the reference, plain decoding, and
     speculative decoding for every (drafter, K), each with a fresh drafter (the predictions
-    made from ``ref``)."""
+    made from ``ref``) and, with ``processors``, a fresh processor of its own."""
     greedy = SamplingConfig()
     vocab = target.vocab_size
     predicted = {
@@ -177,15 +181,21 @@ def greedy_outputs(
     made = {
         (kind, k): make_drafter(kind, draft, predicted.get(kind)) for kind in drafters for k in ks
     }
-    plain = generate(
-        target, None, prompt, max_new_tokens=max_new_tokens, k=0, sampling=greedy
-    ).tokens
-    spec = {
-        (kind, k): generate(
-            target, drafter, prompt, max_new_tokens=max_new_tokens, k=k, sampling=greedy
+
+    def run(drafter: MockLM | Drafter | None, k: int) -> list[int]:
+        processor = None if processors is None else processors()
+        return generate(
+            target,
+            drafter,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            k=k,
+            sampling=greedy,
+            processor=processor,
         ).tokens
-        for (kind, k), drafter in made.items()
-    }
+
+    plain = run(None, 0)
+    spec = {(kind, k): run(drafter, k) for (kind, k), drafter in made.items()}
     return ref, plain, spec
 
 
@@ -230,10 +240,11 @@ def sample_windows(
     windows: Sequence[tuple[int, int]],
     seeds: Sequence[int],
     foreign_seed: int,
+    processors: Processors = None,
 ) -> dict[tuple[int, int], np.ndarray]:
     """Counts [V^m] per window from one independent sequence per seed of ``seeds``;
     ``right``: the target's greedy continuation the predictions are made from (a prediction
-    setup; ``setup_length`` tokens)."""
+    setup; ``setup_length`` tokens); ``processors``: a fresh processor per sequence."""
     vocab = target.vocab_size
     counts = {w: np.zeros(vocab ** w[1], dtype=np.int64) for w in windows}
     end, n = window_end(windows), setup_length(setup, windows)
@@ -255,6 +266,7 @@ def sample_windows(
             sampling=setup.sampling,
             seed=seed,
             stop_on_eos=False,
+            processor=None if processors is None else processors(),
         ):
             toks.extend(ev.tokens)
             if len(toks) >= end:

@@ -18,9 +18,22 @@ must make Level 3 FAIL):
 - ``wrong-q``: the drafter samples from q but passes q^2 / sum(q^2) to the walk
   (``WrongQDrafter``).
 
+Constraint faults (``injected_fault(name)`` replaces one function of the code that applies a
+grammar; every one must make the constrained level FAIL):
+- ``constraint-draft-only``: the round does not process the target's rows
+  (``core.round.process_rows`` returns them as they are) while the draft model still masks
+  its own: the target's rows keep tokens the grammar rules out;
+- ``constraint-no-rollback``: the grammar processor's state is never rolled back
+  (``GrammarProcessor._sync`` only consumes new tokens): after the draft model's drafts or
+  rejected drafts, the masks are those of tokens the context no longer holds.
+
 Controls (correct backends that must NOT fail against the shape-matched reference):
 - ``noisy-numerics``: bf16-like logit noise that depends on the pass size, the row index and
   the position (``BatchVariantLM(row_dependent=True)``), deterministic like real kernels;
+- ``constraint-target-only``: the draft model does not mask its rows
+  (``core.model_drafter.process_rows`` returns them as they are), the target's rows are
+  masked: lossless (the walk is exact for whatever q the drafts were sampled from; a ruled-out
+  draft has p = 0 and is rejected), so the constrained level must PASS;
 - ``PositionalLM(off_by_one=False)``: logits that depend on the absolute position, kept
   right across truncate().
 """
@@ -35,7 +48,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.core import rejection
+from specdec.constraints.processor import GrammarProcessor
+from specdec.core import model_drafter, rejection
+from specdec.core import round as core_round
 from specdec.core.drafter import Draft, Drafter
 from specdec.core.model import (
     CausalLM,
@@ -87,27 +102,72 @@ FAULTS: Mapping[str, tuple[str, Callable[..., Any]]] = MappingProxyType(
         ),
     }
 )
+
+
+def _rows_unprocessed(
+    processor: RowProcessor | None,
+    context: Sequence[int],
+    path: Sequence[int],
+    logits: torch.Tensor,  # [len(path) + 1, V]
+) -> torch.Tensor:
+    """Bug (where it replaces ``process_rows``): the rows are not processed at all."""
+    return logits
+
+
+def _sync_without_rollback(self: GrammarProcessor, output: Sequence[int]) -> None:
+    """Bug: the grammar's state only moves forward: the tokens of ``output`` past those it
+    has seen are consumed, and tokens it has seen that ``output`` no longer holds (drafts,
+    rejected drafts) stay in it."""
+    for tok in output[len(self._seen) :]:
+        self._push(int(tok))
+
+
+# name -> (the object patched, its attribute, the replacement)
+CONSTRAINT_PATCHES: Mapping[str, tuple[Any, str, Callable[..., Any]]] = MappingProxyType(
+    {
+        "constraint-draft-only": (core_round, "process_rows", _rows_unprocessed),
+        "constraint-no-rollback": (GrammarProcessor, "_sync", _sync_without_rollback),
+        "constraint-target-only": (model_drafter, "process_rows", _rows_unprocessed),
+    }
+)
 BACKEND_FAULTS = ("wrong-rows", "stale-rollback", "position-after-truncate", "wrong-q")
-CONTROLS = ("noisy-numerics",)
-ALL_FAULTS = (*FAULTS, *BACKEND_FAULTS, *CONTROLS)
+CONSTRAINT_FAULTS = ("constraint-draft-only", "constraint-no-rollback")
+CONTROLS = ("noisy-numerics", "constraint-target-only")
+ALL_FAULTS = (*FAULTS, *BACKEND_FAULTS, *CONSTRAINT_FAULTS, *CONTROLS)
+# what only the constrained level exercises (nothing else runs a grammar)
+CONSTRAINED_ONLY = (*CONSTRAINT_FAULTS, "constraint-target-only")
+
+
+def check_fault_levels(name: str | None, levels: Sequence[str]) -> None:
+    """ConfigError for a constraint fault or control without the constrained level (the
+    other levels run no grammar, so it would change nothing and the verdict would mislead)."""
+    if name in CONSTRAINED_ONLY and "constrained" not in levels:
+        raise ConfigError(
+            f"the fault {name!r} acts on grammars, which only the constrained level runs: "
+            "add constrained to --levels"
+        )
 
 
 @contextmanager
 def injected_fault(name: str | None) -> Iterator[None]:
-    """Within the block, ``specdec.core.rejection`` has the named walk fault (None, a backend
-    fault or a control: nothing is patched; ``fault_models`` wraps the models instead)."""
-    if name is None or name in BACKEND_FAULTS or name in CONTROLS:
+    """Within the block, the named walk fault (in ``specdec.core.rejection``) or constraint
+    fault is in place (None, a backend fault or the noisy-numerics control: nothing is
+    patched; ``fault_models`` wraps the models instead)."""
+    if name is None or name in BACKEND_FAULTS or name == "noisy-numerics":
         yield
         return
-    if name not in FAULTS:
+    if name in CONSTRAINT_PATCHES:
+        owner, attr, replacement = CONSTRAINT_PATCHES[name]
+    elif name in FAULTS:
+        owner, (attr, replacement) = rejection, FAULTS[name]
+    else:
         raise ConfigError(f"unknown fault {name!r}; known: {', '.join(ALL_FAULTS)}")
-    attr, replacement = FAULTS[name]
-    original = getattr(rejection, attr)
-    setattr(rejection, attr, replacement)
+    original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+    setattr(owner, attr, replacement)
     try:
         yield
     finally:
-        setattr(rejection, attr, original)
+        setattr(owner, attr, original)
 
 
 class BatchVariantLM(WrappedLM):
@@ -283,7 +343,7 @@ def fault_models(
     """The (draft, target) pair with the named backend fault or control applied (walk faults
     and None: unchanged, except that ``residual-is-p-after-first-round`` needs the drafter to
     count rounds)."""
-    if name is None or name in ("residual-is-p", "always-accept"):
+    if name is None or name in ("residual-is-p", "always-accept", *CONSTRAINED_ONLY):
         return draft, target
     as_drafter: Drafter = ModelDrafter(draft) if isinstance(draft, CausalLM) else draft
     if name == "residual-is-p-after-first-round":

@@ -8,11 +8,12 @@ from dataclasses import dataclass, replace
 from specdec.errors import ConfigError
 from specdec.util.bounds import check_scale
 
+from .constrained import GRAMMAR_NAMES, ConstrainedConfig
 from .mock_level import Level2Config
 from .real import Level3Config
 from .synthetic import Level1Config
 
-LEVELS = ("1", "2", "3", "probe")
+LEVELS = ("1", "2", "3", "probe", "constrained")
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class Plan:
     level2: Level2Config
     level3: Level3Config
     prompts: int  # prompt texts to load for Level 3 (greedy, probe and sampled use prefixes)
+    constrained: ConstrainedConfig  # the constrained level (`--levels constrained`)
 
 
 def quick_plan() -> Plan:
@@ -38,6 +40,7 @@ def quick_plan() -> Plan:
             plain_seeds=1,
         ),
         prompts=3,  # 1 greedy + 1 probe (disjoint); the per-token test uses the first 3
+        constrained=ConstrainedConfig(greedy_prompts=4, sequences=1500),
     )
 
 
@@ -60,6 +63,7 @@ def full_plan() -> Plan:
             power_trials=300,
         ),
         prompts=56,  # 48 greedy + 8 probe (disjoint); the per-token test uses the first 20
+        constrained=ConstrainedConfig(greedy_prompts=8, sequences=20_000),
     )
 
 
@@ -81,8 +85,10 @@ def make_plan(
     greedy_prompts: int | None = None,
     sampled_prompts: int | None = None,
     scale: float = 1.0,
+    grammars: tuple[str, ...] | None = None,
 ) -> Plan:
     """The quick or full plan with the user's overrides (None keeps the plan's value).
+    ``grammars``: the built-in grammars of the constrained level (``--constraint``).
 
     ``scale`` multiplies every sample size (trials, sequences, seeds); below 1 it is for smoke
     tests only and lowers the power accordingly.
@@ -121,6 +127,13 @@ def make_plan(
         mc_min_count=min(p.level1.mc_min_count, sc(p.level1.mc_trials, 200) // 4),
     )
     l2 = replace(p.level2, seed=seed, alpha=alpha, sequences=sc(p.level2.sequences, 50))
+    lc = replace(
+        p.constrained,
+        grammars=p.constrained.grammars if grammars is None else check_grammars(grammars),
+        seed=seed,
+        alpha=alpha,
+        sequences=sc(p.constrained.sequences, 50),
+    )
     l3 = p.level3
     n_total = p.prompts
     if greedy_prompts is not None:
@@ -158,11 +171,24 @@ def make_plan(
         ),
     )
     l3.sampling  # noqa: B018 - validates temperature / top-k / top-p (ConfigError)
-    return Plan(l1, l2, l3, n_total)
+    return Plan(l1, l2, l3, n_total, lc)
+
+
+def check_grammars(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The grammars named (each once, in order), or ConfigError for none or an unknown one."""
+    items = tuple(dict.fromkeys(names))
+    bad = [x for x in items if x not in GRAMMAR_NAMES]
+    if not items or bad:
+        raise ConfigError(
+            f"--constraint takes a comma-separated subset of {', '.join(GRAMMAR_NAMES)}, got "
+            f"{','.join(names)!r}"
+        )
+    return items
 
 
 def parse_levels(text: str) -> tuple[str, ...]:
-    """'1,2,3' -> ('1', '2', '3'); 'probe' runs only the batch-invariance probe."""
+    """'1,2,3' -> ('1', '2', '3'); 'probe' runs only the batch-invariance probe;
+    'constrained' the decoding loop under a grammar on mock models."""
     items = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
     bad = [x for x in items if x not in LEVELS]
     if not items or bad:

@@ -12,6 +12,7 @@ from specdec.util.jsonable import json_ready
 from specdec.util.printable import md_code
 
 from .common import FAIL, PASS, SKIPPED, WARN, fmt, worst_status
+from .constrained import ConstrainedResult
 from .invariance import InvarianceResult
 from .mock_level import Level2Result
 from .real import Level3Result
@@ -40,15 +41,15 @@ class Certificate:
     level1: Level1Result | None = None
     level2: Level2Result | None = None
     level3: Level3Result | None = None
+    constrained: ConstrainedResult | None = None  # --levels constrained
     probe: InvarianceResult | None = None  # --levels probe (without Level 3)
     draft_probe: InvarianceResult | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
     def status(self) -> str:
-        return worst_status(
-            [r.status for r in (self.level1, self.level2, self.level3) if r is not None]
-        )
+        levels = (self.level1, self.level2, self.constrained, self.level3)
+        return worst_status([r.status for r in levels if r is not None])
 
     # -------------------------------------------------------------- verdict
     def key_numbers(self) -> list[str]:
@@ -66,6 +67,15 @@ class Certificate:
                 f"L2 {s['status']}: greedy {s['greedy_units'] - s['greedy_mismatches']}/"
                 f"{s['greedy_units']} bit-exact, {s['sampled_rejected']}/{s['sampled_tests']} "
                 "sampled tests rejected"
+            )
+        if self.constrained is not None:
+            s = self.constrained.summary()
+            out.append(
+                f"constrained ({', '.join(s['grammars'])}) {s['status']}: greedy "
+                f"{s['greedy_units'] - s['greedy_mismatches']}/{s['greedy_units']} bit-exact, "
+                f"{s['sampled_rejected']}/{s['sampled_tests']} sampled tests rejected (min p "
+                f"{fmt(s['sampled_min_p'])}), {s['outside_support']} observations outside the "
+                "constrained support"
             )
         if self.level3 is not None:
             r = self.level3
@@ -132,6 +142,7 @@ class Certificate:
                 "1": self.level1.to_dict() if self.level1 else None,
                 "2": self.level2.to_dict() if self.level2 else None,
                 "3": self.level3.to_dict() if self.level3 else None,
+                "constrained": self.constrained.to_dict() if self.constrained else None,
                 "probe": self.probe.to_dict() if self.probe else None,
                 "draft_probe": self.draft_probe.to_dict() if self.draft_probe else None,
             },
@@ -164,6 +175,19 @@ class Certificate:
             out.append(
                 f"Level 2 uses mock models only; its sampled tests look at the token windows "
                 f"{list(c.windows)} (start position, length), not at whole sequences."
+            )
+        if self.constrained is None:
+            out.append(
+                "The constrained level (the decoding loop under a grammar) was not run: nothing "
+                "is shown about constrained decoding (--levels constrained)."
+            )
+        else:
+            cc = self.constrained.config
+            out.append(
+                f"The constrained level uses mock models and the built-in grammars "
+                f"{list(cc.grammars)} only, and looks at the token windows {list(cc.windows)}; "
+                "the grammar engine's masks are taken as right (the reference uses the same "
+                "engine), so what is shown is how the decoder applies them, not the engine."
             )
         if self.level3 is None:
             out.append(
@@ -233,14 +257,19 @@ class Certificate:
             lines.append(f"- prompts: {h['prompts']}")
         if h.get("predictions"):
             lines.append(f"- predictions: {h['predictions']}")
+        if h.get("constraints"):
+            names = ", ".join(f"`{n}` ({d})" for n, d in h["constraints"].items())
+            lines.append(f"- constrained decoding (the constrained level), grammars: {names}")
         if h.get("fault"):
             lines.append(f"- **fault injected on purpose: {h['fault']}** (self-test)")
         lines += ["", "## What was shown", ""]
-        for title, res in (
+        levels: tuple[tuple[str, Any], ...] = (
             ("Level 1: the accept/reject walk (synthetic p, q)", self.level1),
             ("Level 2: the decoding loop on mock models", self.level2),
+            ("Constrained: the decoding loop under a grammar on mock models", self.constrained),
             ("Level 3: the real setup", self.level3),
-        ):
+        )
+        for title, res in levels:
             if res is None:
                 continue
             lines += [f"### {title} — {res.status.upper()}", ""]
@@ -263,11 +292,13 @@ class Certificate:
             "## Method",
             "",
             "Nulls: the implementation's output has the target's distribution (Levels 1-2: "
-            "the exactly known one; Level 3: the rows of the target itself, recomputed in the "
+            "the exactly known one; constrained: the exactly known one masked by the grammar "
+            "and renormalised; Level 3: the rows of the target itself, recomputed in the "
             "speculative passes' shapes, and separately one token per pass). Units are "
-            "independent (one round, or one sequence with its own seed); in Levels 1-2 rare "
-            "categories are pooled to expected counts >= 5, Holm corrects within each family, "
-            "the TV interval is distribution-free (95 %, over the full support) and the "
+            "independent (one round, or one sequence with its own seed); in Levels 1-2 and the "
+            "constrained level rare categories are pooled to expected counts >= 5, Holm "
+            "corrects within each family, the TV interval is distribution-free (95 %, over the "
+            "full support; constrained: over the law's support) and the "
             "detectable TV is the TV on the pooled categories at which the chi-square test has "
             "80 % power (noncentral chi-square approximation, hardest-to-detect shape). Level 3 "
             "turns every sampled token into a randomised PIT value (i.i.d. U(0, 1) under the "

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec import __version__
+from specdec.constraints.engine import engine
 from specdec.core.drafter import Drafter
 from specdec.core.model import CausalLM
 from specdec.errors import ConfigError
@@ -16,7 +17,8 @@ from specdec.models.loader import ModelConfig
 from specdec.prompting import encode_prompt
 
 from .common import torch_threads
-from .faults import fault_models, injected_fault
+from .constrained import run_constrained
+from .faults import check_fault_levels, fault_models, injected_fault
 from .invariance import batch_invariance
 from .mock_level import run_level2
 from .plan import Plan
@@ -150,6 +152,9 @@ def run_certificate(
     them to stderr).
     """
     say = progress or (lambda _msg: None)
+    check_fault_levels(cfg.fault, cfg.levels)
+    if "constrained" in cfg.levels:
+        engine("--levels constrained")  # the grammar engine, or one line before any level runs
     needs_models = "3" in cfg.levels or "probe" in cfg.levels
     if needs_models and prompts is None:
         raise ConfigError(
@@ -185,6 +190,12 @@ def run_certificate(
             with torch_threads(1):
                 cert.level2 = run_level2(cfg.plan.level2, log=log)
             say(f"level 2: {cert.level2.status} ({cert.level2.seconds:.0f} s)")
+        if "constrained" in cfg.levels:
+            say("constrained: the decoding loop under a grammar on mock models ...")
+            with torch_threads(1):
+                cert.constrained = run_constrained(cfg.plan.constrained, log=log)
+            cert.header["constraints"] = cert.constrained.grammars
+            say(f"constrained: {cert.constrained.status} ({cert.constrained.seconds:.0f} s)")
         if needs_models:
             if loader is None:
                 raise ConfigError("level 3 and the probe need models (--draft and --target)")

@@ -24,8 +24,13 @@ FAULT_CHOICES = (
     "stale-rollback",
     "position-after-truncate",
     "wrong-q",
+    "constraint-draft-only",
+    "constraint-no-rollback",
     "noisy-numerics",
+    "constraint-target-only",
 )
+# specdec.certify.constrained.GRAMMAR_NAMES (literal for the same reason; a test checks it)
+GRAMMAR_CHOICES = ("items", "json")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,14 +41,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Monte Carlo). Level 2: the decoding loop on mock models with exactly known "
         "distributions. Level 3: the real draft/target/backend setup (batch-invariance "
         "probe, greedy agreement, a per-token test of every sampled token against the "
-        "shape-matched replay and against plain decoding). Writes certificate.json and "
-        "certificate.md.",
+        "shape-matched replay and against plain decoding). 'constrained': the decoding loop "
+        "under a grammar on mock models, against the exact constrained distribution. Writes "
+        "certificate.json and certificate.md.",
     )
     p.add_argument(
         "--levels",
         default="1,2,3",
-        help="comma-separated subset of 1,2,3,probe ('probe': only the batch-invariance "
-        "probe of the models; default 1,2,3)",
+        help="comma-separated subset of 1,2,3,probe,constrained ('probe': only the "
+        "batch-invariance probe of the models; 'constrained': the loop under a grammar on "
+        "mock models, needs the structured extra; default 1,2,3)",
+    )
+    p.add_argument(
+        "--constraint",
+        default=None,
+        help="the grammars of the constrained level: a comma-separated subset of "
+        f"{','.join(GRAMMAR_CHOICES)} (default: all; needs constrained in --levels)",
     )
     p.add_argument(
         "--quick",
@@ -138,9 +151,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--inject-fault",
         choices=FAULT_CHOICES,
         default=None,
-        help="self-test: break the walk or wrap the models in a faulty backend on purpose "
-        "(the certificate must FAIL), or 'noisy-numerics' (a correct backend with "
-        "shape-dependent logit noise: must not FAIL); see docs/certify.md",
+        help="self-test: break the walk, the way a grammar is applied (constraint-*: with "
+        "--levels constrained) or wrap the models in a faulty backend on purpose (the "
+        "certificate must FAIL), or a control that must not FAIL: 'noisy-numerics' (a "
+        "correct backend with shape-dependent logit noise), 'constraint-target-only' (the "
+        "draft's rows unmasked: lossless); see docs/certify.md",
     )
     add_model_args(p)
     add_endpoint_args(p)
@@ -166,6 +181,7 @@ def _command(args: argparse.Namespace) -> str:
         ("--sample-tokens", "sample_tokens"),
         ("--plain-seeds", "plain_seeds"),
         ("--plain-tv-threshold", "plain_tv_threshold"),
+        ("--constraint", "constraint"),
         ("--inject-fault", "inject_fault"),
     ):
         v = getattr(args, name)
@@ -202,6 +218,13 @@ def run(args: argparse.Namespace) -> int:
     from specdec.pairs import draft_label, load_pair
 
     levels = parse_levels(args.levels)
+    grammars = None
+    if args.constraint is not None:
+        if "constrained" not in levels:
+            raise ConfigError(
+                "--constraint picks the constrained level's grammars: add constrained to --levels"
+            )
+        grammars = tuple(x.strip() for x in args.constraint.split(",") if x.strip())
     plan = make_plan(
         quick=args.quick,
         seed=args.seed,
@@ -219,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
         greedy_prompts=args.greedy_prompts,
         sampled_prompts=args.sampled_prompts,
         scale=args.scale,
+        grammars=grammars,
     )
     needs_models = "3" in levels or "probe" in levels
     draft_cfg, target_cfg = model_configs(args, decide=needs_models)

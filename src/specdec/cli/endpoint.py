@@ -343,6 +343,7 @@ def run_certify(args: argparse.Namespace) -> int:
         args,
         {
             "levels": "1,2,3",
+            "constraint": None,
             "k": None,
             "seeds": None,
             "plain_seeds": None,
