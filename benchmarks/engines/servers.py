@@ -30,6 +30,8 @@ SMALL = "smollm2-135m-instruct-q4_1"
 DEFAULT_ROOT = Path(os.environ.get("SPECDEC_ENGINES", "/tmp/specdec-engines"))
 REPO = Path(__file__).resolve().parents[2]
 K = 4  # draft tokens per round, everywhere
+# llama.cpp's n-gram speculation types (common/arg.cpp, --spec-type), run at their defaults
+LLAMA_NGRAM_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v")
 
 
 def model_path(name: str) -> str:
@@ -265,9 +267,12 @@ def llama_server(
     slots: int = 1,
     model: str = TARGET,
     draft: str = DRAFT,
+    ctx_per_slot: int = 2048,
 ) -> ServerSpec:
     """llama.cpp's llama-server on the Q4_K_M target: mode "off", "draft" (``-md`` the 0.5B
-    draft, K tokens) or "ngram" (``--spec-type ngram-simple``: 3-token lookup, K tokens)."""
+    draft, K tokens), "ngram" (``--spec-type ngram-simple``: 3-token lookup, K tokens), or
+    one of llama.cpp's n-gram types by name ("ngram-simple", "ngram-mod", "ngram-map-k",
+    "ngram-map-k4v") with llama.cpp's own defaults for it, as a user who names it gets."""
     threads = str(len(_cpu_list(cpus)))
     argv = [
         str(root / "llama.cpp-build/bin/llama-server"),
@@ -282,7 +287,7 @@ def llama_server(
         "-tb",
         threads,
         "-c",
-        str(2048 * slots),
+        str(ctx_per_slot * slots),
         "-np",
         str(slots),
         "--alias",
@@ -299,8 +304,13 @@ def llama_server(
     elif mode == "ngram":
         argv += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3"]
         argv += ["--spec-ngram-simple-size-m", str(K)]
+    elif mode in LLAMA_NGRAM_TYPES:
+        argv += ["--spec-type", mode]
     elif mode != "off":
-        raise ValueError(f"llama-server mode must be off, draft or ngram, got {mode!r}")
+        raise ValueError(
+            f"llama-server mode must be off, draft, ngram or one of {LLAMA_NGRAM_TYPES}, "
+            f"got {mode!r}"
+        )
     return ServerSpec(f"llama-server-{mode}", argv, port, cpus=cpus, start_timeout_s=180)
 
 
