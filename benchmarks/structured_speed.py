@@ -2,8 +2,11 @@
 GGUFs, llama.cpp backend, default options: exact numerics on): three parts, each printed as
 measured in this one run.
 
-  identity  greedy output under each of 10 JSON schemas with speculation on (the pair's
-            default K) and with K = 0 (plain decoding, the same target): identical or not.
+  identity  greedy output under each of 10 JSON schemas with speculation on (the 0.5B draft
+            model, K = 4, its rows masked too, so that every output is drafted: the default
+            suffix drafter drafts nothing on short answers, and an output without drafts
+            proves nothing) and with K = 0 (plain decoding, the same target): identical or not,
+            and how many outputs had drafts.
   cost      decode speed with a schema against the same request without one, where both give
             the same tokens (a prompt whose free greedy output already is an instance), the
             pair's default K both times; runs interleaved, medians of ``--repeats``.
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+DRAFT_MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 SCHEMAS: list[dict[str, Any]] = [
     {
         "type": "object",
@@ -174,10 +178,10 @@ DOC_SCHEMA: dict[str, Any] = {
 }
 
 
-def identity(pair: Any, max_new: int) -> dict[str, Any]:
+def identity(pair: Any, max_new: int, k: int | None) -> dict[str, Any]:
     rows = []
     for prompt, schema in zip(PROMPTS, SCHEMAS, strict=True):
-        spec = pair.generate(prompt, json_schema=schema, max_new_tokens=max_new)
+        spec = pair.generate(prompt, json_schema=schema, max_new_tokens=max_new, k=k)
         plain = pair.generate(prompt, json_schema=schema, max_new_tokens=max_new, k=0)
         same = spec.result.tokens == plain.result.tokens
         try:
@@ -198,7 +202,14 @@ def identity(pair: Any, max_new: int) -> dict[str, Any]:
             }
         )
         print(f"[identity] {same} {len(spec.result.tokens)} tok {spec.text[:60]!r}", flush=True)
-    return {"schemas": len(rows), "identical": sum(r["identical"] for r in rows), "rows": rows}
+    drafted = [r for r in rows if r["drafted"] > 0]  # an output without drafts proves nothing
+    return {
+        "schemas": len(rows),
+        "identical": sum(r["identical"] for r in rows),
+        "with_drafts": len(drafted),
+        "identical_with_drafts": sum(r["identical"] for r in drafted),
+        "rows": rows,
+    }
 
 
 def edit_messages() -> tuple[list[dict[str, str]], str, dict[str, Any]]:
@@ -285,16 +296,24 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--draft",
+        default=None,
+        help="the drafter (default: the 0.5B draft model, K = 4, for identity, so that every "
+        "output is drafted; the machine default for cost and edit)",
+    )
     args = ap.parse_args()
     import specdec
     from specdec.util.machine import machine_line
 
     t0 = time.perf_counter()
-    pair = specdec.load()
+    draft = args.draft or (DRAFT_MODEL if args.part == "identity" else "default")
+    k = 4 if draft == DRAFT_MODEL else None
+    pair = specdec.load(draft=draft)
     print(f"[structured] loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    res: dict[str, Any] = {"machine": machine_line(), "part": args.part, "pair": "default"}
+    res: dict[str, Any] = {"machine": machine_line(), "part": args.part, "pair": draft, "k": k}
     if args.part == "identity":
-        res.update(identity(pair, args.max_new_tokens))
+        res.update(identity(pair, args.max_new_tokens, k))
     elif args.part == "cost":
         res.update(cost(pair, args.repeats))
     else:
