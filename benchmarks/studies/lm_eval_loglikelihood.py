@@ -5,7 +5,8 @@ llama-cpp-python's own (``Llama(logits_all=True)``) on the same GGUF.
     PYTHONPATH=src .venv/bin/python benchmarks/studies/lm_eval_loglikelihood.py \\
         --lm-eval /tmp/lmeval-venv/bin/lm_eval [--items 40] [--out DIR]
 
-lm-eval (0.4.13, installed in a virtual environment of its own: it is heavy) runs its
+lm-eval (0.4.13 with its ``api`` extra, ``pip install "lm-eval[api]==0.4.13"`` in a virtual
+environment of its own) runs its
 ``local-completions`` model with ``tokenizer_backend=remote`` (the server's ``/tokenize``,
 ``/detokenize`` and ``/tokenizer_info``) and sends each choice as ``prompt: [[ids]]``,
 ``echo: true, logprobs: 1, max_tokens: 1``; it reads ``choices[].logprobs.token_logprobs``.
@@ -119,7 +120,7 @@ def run_lm_eval(lm_eval: str, url: str, task_dir: Path, out: Path) -> dict[str, 
     items: list[dict[str, Any]] = []
     for line in sorted(out.rglob(f"samples_{TASK}_*.jsonl"))[-1].read_text().splitlines():
         s = json.loads(line)
-        for j, (args, resp) in enumerate(zip(s["arguments"], s["resps"], strict=True)):
+        for j, (args, resp) in enumerate(zip(sample_arguments(s), s["resps"], strict=True)):
             ll, greedy = resp[0]
             items.append(
                 {
@@ -128,10 +129,21 @@ def run_lm_eval(lm_eval: str, url: str, task_dir: Path, out: Path) -> dict[str, 
                     "context": args[0],
                     "continuation": args[1],
                     "loglikelihood": float(ll),
-                    "is_greedy": bool(greedy),
+                    "is_greedy": greedy is True or str(greedy) == "True",  # "False" is a str
                 }
             )
     return {"results": results["results"][TASK], "items": items, "seconds": time.monotonic() - t}
+
+
+def sample_arguments(sample: dict[str, Any]) -> list[tuple[str, str]]:
+    """(context, continuation) per request of one logged sample: a list of pairs in older
+    lm-eval, ``{"gen_args_0": {"arg_0": ..., "arg_1": ...}, ...}`` in 0.4.13 (iterating that
+    dict gave its keys' letters: the first run scored "g" + "e" against the server's items)."""
+    args = sample["arguments"]
+    if isinstance(args, dict):
+        keyed = sorted(args.items(), key=lambda kv: int(str(kv[0]).rsplit("_", 1)[-1]))
+        return [(str(a["arg_0"]), str(a["arg_1"])) for _, a in keyed]
+    return [(str(a[0]), str(a[1])) for a in args]
 
 
 def split_pair(tokenize: Any, context: str, continuation: str) -> tuple[list[int], list[int]]:
