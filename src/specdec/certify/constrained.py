@@ -40,8 +40,16 @@ from specdec.stats.chisquare import chisquare_gof
 from specdec.stats.family import TestRecord, apply_holm
 from specdec.stats.thresholds import ALPHA, POWER
 
-from .common import FAIL, PASS, fmt
-from .mock_level import GreedyUnit, foreign_seed, greedy_units, mock_prompts
+from .common import fmt
+from .mock_level import (
+    GreedyUnit,
+    foreign_seed,
+    greedy_units,
+    loop_figures,
+    loop_status,
+    mismatches,
+    mock_prompts,
+)
 from .progress import ProgressLog
 from .seeds import SeedPlan
 
@@ -99,27 +107,17 @@ class ConstrainedResult:
 
     @property
     def greedy_mismatches(self) -> list[GreedyUnit]:
-        return [u for u in self.greedy if not (u.match_plain and u.match_reference)]
+        return mismatches(self.greedy)
 
     @property
     def status(self) -> str:
-        ok = not self.greedy_mismatches and not any(t.rejected for t in self.tests)
-        return PASS if ok else FAIL
+        return loop_status(self.greedy, self.tests)
 
     def summary(self) -> dict[str, Any]:
-        mdt = [t.min_detectable_tv for t in self.tests if np.isfinite(t.min_detectable_tv)]
         return {
             "status": self.status,
             "grammars": list(self.config.grammars),
-            "greedy_units": len(self.greedy),
-            "greedy_mismatches": len(self.greedy_mismatches),
-            "sampled_tests": len(self.tests),
-            "sequences_per_setup": self.config.sequences,
-            "sampled_rejected": sum(t.rejected for t in self.tests),
-            "sampled_min_p": min((t.pvalue for t in self.tests), default=1.0),
-            "sampled_max_tv": max((t.tv for t in self.tests), default=0.0),
-            "sampled_max_tv_upper": max((t.tv_high for t in self.tests), default=0.0),
-            "min_detectable_tv_max": max(mdt) if mdt else float("nan"),
+            **loop_figures(self.greedy, self.tests, self.config.sequences),
             "outside_support": sum(self.outside.values()),
             "alpha": self.config.alpha,
             "seconds": self.seconds,

@@ -108,6 +108,35 @@ class GreedyUnit:
     first_divergence: int | None  # index into the generated tokens, None when identical
 
 
+def mismatches(greedy: list[GreedyUnit]) -> list[GreedyUnit]:
+    """The greedy runs that differ from plain decoding or from the reference path."""
+    return [u for u in greedy if not (u.match_plain and u.match_reference)]
+
+
+def loop_status(greedy: list[GreedyUnit], tests: list[TestRecord]) -> str:
+    """PASS when no greedy run differs and no sampled test rejects (level 2, constrained)."""
+    return PASS if not mismatches(greedy) and not any(t.rejected for t in tests) else FAIL
+
+
+def loop_figures(
+    greedy: list[GreedyUnit], tests: list[TestRecord], sequences: int
+) -> dict[str, Any]:
+    """The summary figures of a loop-on-mocks level (level 2, constrained): greedy counts and
+    the sampled tests' extremes."""
+    mdt = [t.min_detectable_tv for t in tests if np.isfinite(t.min_detectable_tv)]
+    return {
+        "greedy_units": len(greedy),
+        "greedy_mismatches": len(mismatches(greedy)),
+        "sampled_tests": len(tests),
+        "sequences_per_setup": sequences,
+        "sampled_rejected": sum(t.rejected for t in tests),
+        "sampled_min_p": min((t.pvalue for t in tests), default=1.0),
+        "sampled_max_tv": max((t.tv for t in tests), default=0.0),
+        "sampled_max_tv_upper": max((t.tv_high for t in tests), default=0.0),
+        "min_detectable_tv_max": max(mdt) if mdt else float("nan"),
+    }
+
+
 @dataclass
 class Level2Result:
     config: Level2Config
@@ -117,26 +146,16 @@ class Level2Result:
 
     @property
     def greedy_mismatches(self) -> list[GreedyUnit]:
-        return [u for u in self.greedy if not (u.match_plain and u.match_reference)]
+        return mismatches(self.greedy)
 
     @property
     def status(self) -> str:
-        ok = not self.greedy_mismatches and not any(t.rejected for t in self.tests)
-        return PASS if ok else FAIL
+        return loop_status(self.greedy, self.tests)
 
     def summary(self) -> dict[str, Any]:
-        mdt = [t.min_detectable_tv for t in self.tests if np.isfinite(t.min_detectable_tv)]
         return {
             "status": self.status,
-            "greedy_units": len(self.greedy),
-            "greedy_mismatches": len(self.greedy_mismatches),
-            "sampled_tests": len(self.tests),
-            "sequences_per_setup": self.config.sequences,
-            "sampled_rejected": sum(t.rejected for t in self.tests),
-            "sampled_min_p": min((t.pvalue for t in self.tests), default=1.0),
-            "sampled_max_tv": max((t.tv for t in self.tests), default=0.0),
-            "sampled_max_tv_upper": max((t.tv_high for t in self.tests), default=0.0),
-            "min_detectable_tv_max": max(mdt) if mdt else float("nan"),
+            **loop_figures(self.greedy, self.tests, self.config.sequences),
             "alpha": self.config.alpha,
             "seconds": self.seconds,
         }
