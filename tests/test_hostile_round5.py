@@ -22,6 +22,7 @@ import pytest
 from serve_harness import mock_serve_pair, running_server
 from specdec.api import Pair
 from specdec.errors import PairBusyError
+from specdec.serve.admission import GENERATION_PATHS, TOKENIZER_PATHS
 
 PROMPT = "abc abc abc"
 GUARD_SECONDS = 120  # a hang guard only
@@ -457,10 +458,10 @@ def test_a_request_whose_client_left_is_neither_tokenized_nor_queued() -> None:
                     json={**body, "prediction": {"type": "content", "content": "abc " * 100}},
                     timeout=httpx.Timeout(10, read=0.5),
                 )
-            time.sleep(0.6)  # the server sees the hang-up (polled every 0.25 s)
+            # the server sees the hang-up (polled every 0.25 s) and gives the slot back
+            _wait_until(lambda: _slots(state, GENERATION_PATHS).taken == 0)
         finally:
             state.tokenize_lock.release()
-        time.sleep(0.3)
         assert counting.chars == 0
         m = httpx.get(base + "/metrics").text
         assert 'specdec_generations_total{finish_reason="cancelled"}' not in m or (
@@ -493,7 +494,9 @@ def test_tokenize_is_bounded_skipped_when_its_client_left_and_admitted_by_slots(
                     json={"prompt": "abc " * 100},
                     timeout=httpx.Timeout(10, read=0.5),
                 )
-            time.sleep(0.6)  # the server sees the hang-up (polled every 0.25 s)
+            slots = _slots(state, TOKENIZER_PATHS)
+            # the server sees the hang-up (polled every 0.25 s) and gives the slot back
+            _wait_until(lambda: slots.taken == 0)
             # one slot (max_queue 0): a request waiting for the tokenizer holds it
             waiting: list[httpx.Response] = []
             t = threading.Thread(
@@ -502,11 +505,8 @@ def test_tokenize_is_bounded_skipped_when_its_client_left_and_admitted_by_slots(
                 )
             )
             t.start()
-            deadline = time.monotonic() + 10
+            _wait_until(lambda: slots.taken == 1)  # before it, the probe could take the slot
             refused = httpx.post(base + "/detokenize", json={"tokens": [3, 4]}, timeout=30)
-            while refused.status_code != 429 and time.monotonic() < deadline:
-                time.sleep(0.05)  # the waiting request may not have taken its slot yet
-                refused = httpx.post(base + "/detokenize", json={"tokens": [3, 4]}, timeout=30)
             assert refused.status_code == 429 and "retry-after" in refused.headers
             assert refused.json()["error"]["code"] == "queue_full"
         finally:
@@ -835,3 +835,26 @@ def test_a_self_check_refusal_names_the_cached_verdict_it_came_from(
         pytest.skip("this build has no optional kernel for exact numerics to check")
     assert str(tmp_path / "stalekey.json") in str(caught.value)
     assert "delete it" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def _slots(state: Any, paths: frozenset[str]) -> Any:
+    """The admission slots of ``paths`` in the app whose state is ``state`` (found by the gc)."""
+    import gc
+
+    from specdec.serve.admission import Admission
+
+    (admission,) = [
+        o
+        for o in gc.get_objects()
+        if isinstance(o, Admission)
+        and o.paths == paths
+        and getattr(o.retry_after, "__self__", None) is state.engine
+    ]
+    return admission.slots
+
+
+def _wait_until(done: Any, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, "timed out waiting for the server"
+        time.sleep(0.02)
