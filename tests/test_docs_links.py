@@ -105,3 +105,9 @@ def test_a_results_file_no_doc_names_is_found() -> None:
         RESULTS + "lost.json",
     ]
     assert unnamed(files, "see `a-run.json` and report/") == [RESULTS + "lost.json"]
+
+
+def test_the_benchmarks_top_level_holds_at_most_twelve_scripts() -> None:
+    """The benchmarks a user runs stay few (issue 64); studies go to benchmarks/studies/."""
+    top = [p for p in tracked("benchmarks/*.py") if "/" not in p[len("benchmarks/") :]]
+    assert 0 < len(top) <= 12, top

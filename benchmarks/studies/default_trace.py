@@ -21,7 +21,7 @@ the geometric mean >= 0.99x (decode window, against llama-cpp-python's loop and 
 specdec's plain loop both). The raw figures are written after every prompt (``--json``);
 ``--resume`` keeps the prompts already there.
 
-    python benchmarks/default_trace.py --source code_completion --n 20 --new-tokens 96 \\
+    python benchmarks/studies/default_trace.py --source code_completion --n 20 --new-tokens 96 \\
         --json benchmarks/results/default-trace-fresh.json
 """
 
