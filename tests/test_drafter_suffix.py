@@ -139,6 +139,36 @@ def test_periodic_text_drafts_past_the_end_of_the_context() -> None:
     assert propose(SuffixDrafter(SuffixOptions(max_draft=7)), ctx, 7) == [5, 3, 4, 5, 3, 4, 5]
 
 
+def test_a_draft_stops_at_the_first_end_of_generation_it_copies() -> None:
+    """A chat's context runs on from the prompt's end (2 = end of message) through the
+    template into the answer; a copy of the prompt's last line drafts up to that end token
+    and no further (issue 61), and without the end set the same copy runs on."""
+    prompt_end = [5, 6, 7, 8, 9, 2, 1, 4]  # ... last line, end of message, template tokens
+    ctx = [*prompt_end, 5, 6, 7]  # the answer repeats the last line so far
+    opts = SuffixOptions(max_draft=16, draft_per_match=8.0)
+    cut = propose(SuffixDrafter(opts, ends=frozenset({2})), ctx, 16)
+    assert cut == [8, 9, 2]
+    runs_on = propose(SuffixDrafter(opts), ctx, 16)
+    assert runs_on[:5] == [8, 9, 2, 1, 4] and len(runs_on) > 5
+
+
+def test_load_pair_gives_suffix_drafters_the_targets_end_of_generation_ids() -> None:
+    from specdec.drafters.hybrid import HybridDrafter
+    from specdec.drafters.planned import PlannedSuffixDrafter
+    from specdec.models.loader import ModelConfig
+    from specdec.pairs import HybridRef, load_pair
+    from specdec.theory import Costs
+
+    target = ModelConfig("mock:target", backend="mock")
+    flat = Costs(verify_s=tuple(1.0 + 0.02 * n for n in range(65)), prefill_tps=1e3)
+    suffix, lm = load_pair("suffix", target)
+    assert isinstance(suffix, SuffixDrafter) and suffix.ends == lm.eos_token_ids != frozenset()
+    planned, lm = load_pair("planned", target, costs=lambda *_: flat)
+    assert isinstance(planned, PlannedSuffixDrafter) and planned.inner.ends == lm.eos_token_ids
+    hybrid, lm = load_pair(HybridRef(ModelConfig("mock:close", backend="mock")), target)
+    assert isinstance(hybrid, HybridDrafter) and hybrid.suffix.ends == lm.eos_token_ids
+
+
 # ------------------------------------------------------------------------- incremental / rollback
 def test_indexing_is_incremental_over_a_generation() -> None:
     target = MockLM(MockSpec(vocab_size=8, order=1))

@@ -199,7 +199,17 @@ def main() -> int:
     ap.add_argument("--curve", type=Path, required=True, help="verify curve or cached costs")
     ap.add_argument("--setting", default="default", help="which setting of a verify-curve file")
     ap.add_argument("--planner-curve", type=Path, help="the curve the planner believes")
+    ap.add_argument(
+        "--ends",
+        default="",
+        help="the target's end-of-generation ids, comma-separated (as specdec's pairs give "
+        "the suffix drafter; Qwen2.5: 151643,151645,151662,151663,151664): no draft past one",
+    )
     args = ap.parse_args()
+    try:
+        ends = frozenset(int(x) for x in args.ends.split(",") if x.strip())
+    except ValueError:
+        ap.error(f"--ends: comma-separated token ids, got {args.ends!r}")
     traces = [t for p in args.traces for t in load_traces(p)]
     costs = Costs(verify_s=load_curve(args.curve, args.setting), prefill_tps=math.inf)
     believed = (
@@ -214,7 +224,12 @@ def main() -> int:
     )
 
     def suffix() -> SuffixDrafter:
-        return SuffixDrafter(parse_suffix_options(""))
+        return SuffixDrafter(parse_suffix_options(""), ends=ends)
+
+    def planned_64() -> SuffixDrafter:
+        drafter = planned_suffix()
+        drafter.ends = ends
+        return drafter
 
     def walk(make: Callable[[], Drafter], k: int) -> Callable[[Trace], float]:
         return lambda tr: replay(make(), tr, k, costs)[0]
@@ -228,9 +243,9 @@ def main() -> int:
         "planned, no budget": walk(  # drafts unbounded in total (before 12-07)
             lambda: PlannedSuffixDrafter(suffix(), believed, explore_budget=None), 16
         ),
-        "planned-64": walk(lambda: PlannedSuffixDrafter(planned_suffix(), believed), 64),
+        "planned-64": walk(lambda: PlannedSuffixDrafter(planned_64(), believed), 64),
         "planned-64, no budget": walk(
-            lambda: PlannedSuffixDrafter(planned_suffix(), believed, explore_budget=None), 64
+            lambda: PlannedSuffixDrafter(planned_64(), believed, explore_budget=None), 64
         ),
         "oracle K=16": lambda tr: oracle_seconds(tr, costs, K_CAP),
         "tree-oracle": lambda tr: tree_oracle_seconds(tr, costs, K_CAP),  # K = 16 too

@@ -182,6 +182,9 @@ def load_pair(
         SuffixDrafter(parse_suffix_options(draft.suffix)) if isinstance(draft, HybridRef) else None
     )
     target_lm = loader(target)
+    for copier in (draft, suffix):  # no suffix draft runs past an end of generation
+        if isinstance(copier, SuffixDrafter):
+            copier.ends = target_lm.eos_token_ids
     if planned:
         assert costs is not None and isinstance(draft, SuffixDrafter)
         try:

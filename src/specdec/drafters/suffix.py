@@ -11,6 +11,13 @@ it, and the draft follows what came after them. Two things size each draft:
   of the still-agreeing candidates continue with, and stops once the product of the voting
   shares falls below ``min_confidence``.
 
+A draft never runs past a token that ends generation (``ends``, the target's end-of-generation
+set, given by the pair): no token after it can be emitted, and in a chat the context runs on
+from the prompt's end through the template's control tokens into the answer itself, so a copy
+of the prompt's last lines would otherwise draft the template and the answer's first lines
+(a 47-token draft of which 4 were kept, on a fresh HumanEval completion; issue 61). The end
+token itself stays in the draft: an answer that ends where its copy ends saves its last round.
+
 No match means an empty draft, so the round is a plain target step that costs nothing extra.
 The draft carries no probabilities (one-hot q), which the accept/reject rule handles exactly.
 
@@ -221,16 +228,26 @@ def suffix_draft(index: SuffixIndex, k: int, options: SuffixOptions) -> tuple[in
 
 
 def sourced_draft(
-    index: SuffixIndex, k: int, options: SuffixOptions
+    index: SuffixIndex, k: int, options: SuffixOptions, ends: frozenset[int] = frozenset()
 ) -> tuple[int, list[int], int | None]:
-    """``suffix_draft`` with the draft's source (``voted``): the context position it copies."""
+    """``suffix_draft`` with the draft's source (``voted``): the context position it copies;
+    the draft is cut after its first token in ``ends`` (see the module doc)."""
     match_len, positions = index.longest_match()
     cap = draft_length_cap(match_len, k, options)
     if cap == 0:
         return match_len, [], None
     candidates = positions[-options.max_candidates :]
     draft, source = voted(index.tokens, candidates, cap, options.min_confidence)
-    return match_len, draft, source
+    return match_len, cut_after_end(draft, ends), source
+
+
+def cut_after_end(draft: list[int], ends: frozenset[int]) -> list[int]:
+    """``draft`` up to and including its first token in ``ends`` (all of it without one)."""
+    if ends:
+        for i, tok in enumerate(draft):
+            if tok in ends:
+                return draft[: i + 1]
+    return draft
 
 
 class SuffixDrafter:
@@ -244,10 +261,16 @@ class SuffixDrafter:
     the target verifies every draft.
     """
 
-    def __init__(self, options: SuffixOptions | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        options: SuffixOptions | None = None,
+        name: str | None = None,
+        ends: frozenset[int] = frozenset(),
+    ) -> None:
         self.options = options if options is not None else SuffixOptions()
         o = self.options
         self.name = name or f"suffix{o.min_match}-{o.max_match}"
+        self.ends = ends  # the target's end-of-generation ids: no draft runs past one
         self.index = SuffixIndex(o.min_match, o.max_match)
         self.last_match_len = 0  # of the latest proposal (0 = no match)
         self.last_source: int | None = None  # the context position it copies (``voted``)
@@ -297,5 +320,7 @@ class SuffixDrafter:
             self.last_match_len, self.last_source = 0, None
             return Draft([], None)
         self._sync(context)
-        self.last_match_len, tokens, self.last_source = sourced_draft(self.index, k, self.options)
+        self.last_match_len, tokens, self.last_source = sourced_draft(
+            self.index, k, self.options, self.ends
+        )
         return Draft(tokens, None)

@@ -430,7 +430,7 @@ def _measure(
             name = ref
             shared: list[ProbeSequence] | None = None
             for backend, c in costs.items():
-                drafter = _model_free(ref, c)
+                drafter = _model_free(ref, c, first.eos_token_ids)
                 drafters[(name, backend)] = drafter
                 if is_planned(ref):
                     shared = [
@@ -532,10 +532,13 @@ def skip_reason(
     )
 
 
-def _model_free(ref: str, costs: Costs) -> Drafter:
-    """A model-free drafter; a planned one sized by this backend's costs."""
+def _model_free(ref: str, costs: Costs, ends: frozenset[int]) -> Drafter:
+    """A model-free drafter; a planned one sized by this backend's costs; a suffix one
+    drafting up to the target's end of generation (``ends``) at most."""
     drafter = parse_drafter(ref)
     assert drafter is not None
+    if isinstance(drafter, SuffixDrafter):
+        drafter.ends = ends
     if is_planned(ref):
         assert isinstance(drafter, SuffixDrafter)
         return PlannedSuffixDrafter(drafter, costs)
