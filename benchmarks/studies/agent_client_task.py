@@ -1,12 +1,13 @@
 """One task end to end through an agent client no one here wrote: the OpenAI Agents SDK
-(``pip install openai-agents``, in a venv of its own) against a running ``specdec serve``, with
-its chat-completions model (specdec does not serve the Responses API yet): an agent with a
-function tool is asked a question that needs the tool; the run must call the tool and answer.
+(``pip install openai-agents``, in a venv of its own) against a running ``specdec serve``: an
+agent with a function tool is asked a question that needs the tool; the run must call the tool
+and answer. It runs twice, once with each of the SDK's models: ``responses`` (its default,
+``POST /v1/responses``) and ``chat`` (``OpenAIChatCompletionsModel``).
 
     specdec serve --port 8765 &                       # the default pair
     /tmp/agents-venv/bin/python benchmarks/studies/agent_client_task.py --base http://127.0.0.1:8765/v1
 
-Imports only the Agents SDK (not specdec). Prints the tool calls the run made and the answer.
+Imports only the Agents SDK (not specdec). Prints the tool calls each run made and its answer.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True)
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
+    ap.add_argument("--apis", default="responses,chat", help="the SDK models to run")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    from importlib.metadata import version
+
     from agents import (
         Agent,
         ModelSettings,
         OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
         Runner,
         function_tool,
         set_tracing_disabled,
@@ -35,28 +40,50 @@ def main() -> int:
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)
-    calls: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The current weather in a city."""
-        calls.append(city)
-        return json.dumps({"city": city, "temp_c": 4, "sky": "cloudy"})
-
     client = AsyncOpenAI(base_url=args.base, api_key="none", timeout=600)
-    agent = Agent(
-        name="weather",
-        instructions="Answer with the weather tool's result.",
-        tools=[get_weather],
-        model=OpenAIChatCompletionsModel(model=args.model, openai_client=client),
-        model_settings=ModelSettings(temperature=0, max_tokens=96),
-    )
-    result = Runner.run_sync(agent, "What is the weather in Oslo right now?", max_turns=4)
+    runs: list[dict[str, Any]] = []
+    for api in args.apis.split(","):
+        calls: list[str] = []
+
+        @function_tool
+        def get_weather(city: str) -> str:
+            """The current weather in a city."""
+            calls.append(city)  # noqa: B023 (each run's own list, read before the next)
+            return json.dumps({"city": city, "temp_c": 4, "sky": "cloudy"})
+
+        model: Any
+        if api == "responses":
+            model = OpenAIResponsesModel(model=args.model, openai_client=client)
+        elif api == "chat":
+            model = OpenAIChatCompletionsModel(model=args.model, openai_client=client)
+        else:
+            ap.error(f"--apis: responses and/or chat, got {api!r}")
+        agent = Agent(
+            name="weather",
+            instructions="Answer with the weather tool's result.",
+            tools=[get_weather],
+            model=model,
+            model_settings=ModelSettings(temperature=0, max_tokens=96),
+        )
+        try:
+            result = Runner.run_sync(agent, "What is the weather in Oslo right now?", max_turns=4)
+            final, error = result.final_output, None
+        except Exception as e:  # a failed run is a result here, reported with its error
+            final, error = None, f"{type(e).__name__}: {e}"[:500]
+        runs.append(
+            {
+                "api": api,
+                "tool_calls": calls,
+                "final_output": final,
+                "error": error,
+                "ok": bool(calls) and bool(final),
+            }
+        )
     out: dict[str, Any] = {
-        "client": "openai-agents",
-        "tool_calls": calls,
-        "final_output": result.final_output,
-        "ok": bool(calls) and bool(result.final_output),
+        "client": f"openai-agents {version('openai-agents')}",
+        "model": args.model,
+        "runs": runs,
+        "ok": all(r["ok"] for r in runs),
     }
     print(json.dumps(out, indent=1))
     if args.out:
