@@ -341,6 +341,24 @@ def test_a_bad_constraint_is_one_error_naming_its_field(
     assert "\n" not in str(e.value)
 
 
+def test_an_engine_that_gives_up_mid_output_is_an_error_not_unmasked_rows(target: MockLM) -> None:
+    """A grammar past the engine's limits that its first mask does not reveal (a pattern of a
+    million repetitions: the lexer gives up on the first "a"): the row after that token was
+    left unmasked, so the output silently left the grammar (a JSON schema's pattern on the
+    real target returned '"Hello, world!"'). Now a ConstraintError names the field; the same
+    pattern a hundred times smaller keeps every row masked."""
+    blown = processor(target, 0, "start: /(a{1000}){1000}/\n")
+    with pytest.raises(ConstraintError, match=r"grammar: the grammar engine gave up") as e:
+        blown.rows([], [3], torch.zeros(2, VOCAB))
+    assert e.value.field == "grammar" and "\n" not in str(e.value)
+    again = processor(target, 0, "start: /(a{1000}){1000}/\n")  # the next request: the same
+    with pytest.raises(ConstraintError, match="gave up"):
+        again.rows([], [3], torch.zeros(2, VOCAB))
+    fine = processor(target, 0, "start: /(a{100}){100}/\n")
+    rows = fine.rows([], [3, 3], torch.zeros(3, VOCAB))  # [3, V]
+    assert [int(torch.isfinite(r).sum()) for r in rows] == [1, 1, 1]  # "a" only, each row
+
+
 def test_text_that_is_not_a_schema_is_refused_before_the_engine() -> None:
     with pytest.raises(ConstraintError, match="not valid JSON"):
         Constraint("json_schema", "{nope", "response_format")

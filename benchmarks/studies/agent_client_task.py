@@ -24,6 +24,12 @@ def main() -> int:
     ap.add_argument("--base", required=True)
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
     ap.add_argument("--apis", default="responses,chat", help="the SDK models to run")
+    ap.add_argument(
+        "--tool-choice",
+        default="required",
+        help="the first turn's tool_choice (the SDK resets it to auto after a call); the 1.5B "
+        "coder with auto answers in a JSON block instead of Qwen's tool-call format",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     from importlib.metadata import version
@@ -63,7 +69,9 @@ def main() -> int:
             instructions="Answer with the weather tool's result.",
             tools=[get_weather],
             model=model,
-            model_settings=ModelSettings(temperature=0, max_tokens=96),
+            model_settings=ModelSettings(
+                temperature=0, max_tokens=96, tool_choice=args.tool_choice
+            ),
         )
         try:
             result = Runner.run_sync(agent, "What is the weather in Oslo right now?", max_turns=4)
@@ -82,6 +90,7 @@ def main() -> int:
     out: dict[str, Any] = {
         "client": f"openai-agents {version('openai-agents')}",
         "model": args.model,
+        "tool_choice": args.tool_choice,
         "runs": runs,
         "ok": all(r["ok"] for r in runs),
     }

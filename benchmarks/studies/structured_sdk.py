@@ -1,7 +1,8 @@
 """The official openai client against ``specdec serve`` on the real default pair (issue 60's
 "done when"): ``chat.completions.parse`` with a Pydantic model on 10 prompts (how many give a
 valid object), and a tools round trip (call, tool result, final answer), not streamed and
-streamed. Not a speed figure: it prints what each call returned.
+streamed, with ``tool_choice`` auto (the model may answer without a call) and required.
+Not a speed figure: it prints what each call returned.
 
     PYTHONPATH=src:tests /work/bin/cpu-heavy python benchmarks/studies/structured_sdk.py \\
         --out benchmarks/results/structured-sdk.json
@@ -53,17 +54,16 @@ WEATHER = {
 }
 
 
-def round_trip(client: Any, stream: bool) -> dict[str, Any]:
+def round_trip(client: Any, stream: bool, tool_choice: str) -> dict[str, Any]:
+    """Call, tool result, final answer; the first request with ``tool_choice`` (``auto``: the
+    model decides and its own format is parsed; ``required``: the constraint makes it call)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    ask = {"tools": [WEATHER], "tool_choice": tool_choice, "temperature": 0, "max_tokens": 96}
     if stream:
-        with client.chat.completions.stream(
-            model="specdec", messages=messages, tools=[WEATHER], temperature=0, max_tokens=96
-        ) as s:
+        with client.chat.completions.stream(model="specdec", messages=messages, **ask) as s:
             first = s.get_final_completion()
     else:
-        first = client.chat.completions.create(
-            model="specdec", messages=messages, tools=[WEATHER], temperature=0, max_tokens=96
-        )
+        first = client.chat.completions.create(model="specdec", messages=messages, **ask)
     msg = first.choices[0].message
     out: dict[str, Any] = {
         "finish_reason": first.choices[0].finish_reason,
@@ -122,9 +122,11 @@ def main() -> int:
             }
             res["parse"].append(row)
             print(json.dumps(row), flush=True)
-        for stream in (False, True):
-            res["round_trip"]["streamed" if stream else "plain"] = round_trip(client, stream)
-            print(json.dumps(res["round_trip"]), flush=True)
+        for choice in ("auto", "required"):
+            for stream in (False, True):
+                name = f"{choice}, {'streamed' if stream else 'plain'}"
+                res["round_trip"][name] = round_trip(client, stream, choice)
+                print(json.dumps({name: res["round_trip"][name]}), flush=True)
     res["parse_valid"] = sum(r["valid"] for r in res["parse"])
     print(f"parse: {res['parse_valid']}/{len(PEOPLE)} valid objects")
     if args.out:

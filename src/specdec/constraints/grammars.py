@@ -70,7 +70,9 @@ class Grammars:
         if matcher.is_error():  # checked above; the engine's own vocabulary may differ
             raise ConstraintError(c.field, f"invalid {c.kind}: {matcher.get_error()[:300]}")
         trigger = None if c.trigger is None else table.id_of(c.trigger)
-        return GrammarProcessor(matcher, table.vocab_size, table.eos, prompt_len, trigger)
+        return GrammarProcessor(
+            matcher, table.vocab_size, table.eos, prompt_len, trigger, field=c.field
+        )
 
     def close(self) -> None:
         with self._lock:

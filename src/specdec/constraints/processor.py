@@ -16,6 +16,12 @@ where the grammar accepts (the engine's mask says so), after it only end-of-sequ
 are (a generation that goes on past EOS, as the certificate's do). A context the grammar
 rules out (never one the loop builds: a drafter's path cut by ``legal_prefix``) gets its row
 unmasked; such rows are never used.
+
+The engine may also give up on a token its own mask allowed (a grammar past its limits, such
+as a pattern of a million repetitions: "lexer error: too many expressions constructed"). That
+is not a ruled-out token: the grammar state is lost, and every row after it would go
+unmasked, so the output would silently leave the grammar. It raises a ConstraintError naming
+the request's field instead (the server's 400, or an error event once streaming).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from specdec.constraints.spec import ConstraintError
 
 FREE, ACTIVE, ENDED, DEAD = "free", "active", "ended", "dead"
 
@@ -36,7 +44,8 @@ class GrammarProcessor:
     vocab_size:  the rows' width (the target's vocabulary);
     eos:         end-of-sequence ids;
     prompt_len:  tokens of the context before the output;
-    trigger:     a token id that starts the grammar (None: it starts with the output).
+    trigger:     a token id that starts the grammar (None: it starts with the output);
+    field:       the request field the grammar came from (named by the engine's failures).
     """
 
     def __init__(
@@ -46,8 +55,10 @@ class GrammarProcessor:
         eos: Sequence[int],
         prompt_len: int,
         trigger: int | None = None,
+        field: str = "response_format",
     ) -> None:
         self.matcher = matcher
+        self.field = field
         self.vocab_size = int(vocab_size)
         self.eos = frozenset(int(t) for t in eos)
         self.prompt_len = int(prompt_len)
@@ -91,9 +102,23 @@ class GrammarProcessor:
             ok = bool(allowed[tok])
         else:
             ok = 0 <= tok < self.vocab_size and self.matcher.validate_tokens([tok]) == 1
+            self._check_engine()
         if ok and self.matcher.consume_token(tok):
             return ACTIVE, True
+        self._check_engine()
         return DEAD, False
+
+    def _check_engine(self) -> None:
+        """A ConstraintError when the engine gave up (module docstring), not a ruled-out
+        token."""
+        if self.matcher.is_error():
+            said = str(self.matcher.get_error()).replace("<non-verbose/>", "")
+            error = " ".join(said.split())[:300]
+            raise ConstraintError(
+                self.field,
+                f"the grammar engine gave up after {len(self._seen)} output tokens ({error}); "
+                "the grammar or schema is beyond its limits",
+            )
 
     def _pop(self, n: int) -> None:
         """Undo the last ``n`` seen tokens."""
@@ -126,6 +151,7 @@ class GrammarProcessor:
         if mode == ENDED:
             return self._eos_only
         self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        self._check_engine()
         self.masks_computed += 1
         bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")[: self.vocab_size]
         allowed = torch.from_numpy(bits.view(np.bool_))  # [V]
