@@ -21,7 +21,9 @@ Design, fixed before the run:
   ``prose``: page edits of prose from the ``long_edit`` set (typos, a renamed name, a title),
   ``--prose`` of them, ``--prose-tokens`` (the first part of the page).
 - Interleaving: for each request the order of the servers is rotated (request i starts at
-  arm i mod n), so slow drift of the machine falls on all alike.
+  arm i mod n), so slow drift of the machine falls on all alike. Within a request the order
+  is fixed, so each arm runs right after the same other one; ``--quiet-share`` makes every
+  request wait until the others' CPU use has settled (``settle``).
 - Measures, from the client's stream: end to end = completion tokens / seconds from sending
   to the last byte; decode-only = (completion tokens - 1) / seconds from the first content
   chunk to the last; time to the first token. Completion tokens from the final usage chunk
@@ -148,6 +150,24 @@ def arms_for(set_name: str) -> list[str]:
     return arms + ([PREDICTION] if set_name != "fresh" else [])
 
 
+def settle(quiet_share: float, most_s: float = 10.0, window_s: float = 0.25) -> float:
+    """Wait until the machine is quiet: a ``window_s`` window in which other processes (the
+    servers finishing their last request's work) used at most ``quiet_share`` of all cores,
+    or ``most_s`` seconds; the seconds waited. Every timed request starts from the same
+    quiet state, whichever server ran before it (the rotation puts each arm behind a fixed
+    other one)."""
+    from specdec.util import cpuload
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < most_s:
+        before = cpuload.sample()
+        time.sleep(window_s)
+        share = cpuload.others_share(before, cpuload.sample())
+        if share is None or share <= quiet_share:
+            break
+    return time.monotonic() - t0
+
+
 def ask(base: str, text: str, max_tokens: int, prediction: str | None) -> dict[str, Any]:
     """One streamed chat request; the client-side clock of each part."""
     body: dict[str, Any] = {
@@ -260,7 +280,9 @@ def run(args: argparse.Namespace) -> None:
                             continue
                         spec = by_arm[arm]
                         pred = p.prediction if arm == PREDICTION else None
+                        waited = settle(args.quiet_share) if args.quiet_share < 1 else 0.0
                         got = ask(spec.url, message(set_name, p), tokens[set_name], pred)
+                        got["settle_s"] = round(waited, 3)
                         row = {
                             "round": rnd,
                             "set": set_name,
@@ -382,6 +404,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--report", help="print the table of a results file and stop")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument(
+        "--quiet-share",
+        type=float,
+        default=1.0,
+        help="before each request wait (10 s at most) until other processes use at most this "
+        "share of the cores over 0.25 s (1: no wait, as the committed runs)",
+    )
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--sets", default="fresh,edits,prose")
     ap.add_argument("--fresh", type=int, default=20)
@@ -396,6 +425,8 @@ def main() -> None:
     ap.add_argument("--root", default=str(S.DEFAULT_ROOT), help="the engines root")
     ap.add_argument("--log-dir", default="/tmp/specdec-vs-llama-server-logs")
     args = ap.parse_args()
+    if not 0 <= args.quiet_share <= 1:
+        ap.error(f"--quiet-share: a share of the cores in [0, 1], got {args.quiet_share}")
     # a plain kill ends the run as Ctrl-C does: the servers it started are stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.report:
