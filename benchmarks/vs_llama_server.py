@@ -126,19 +126,24 @@ def run_editor(
                 continue
             row: dict[str, Any] = {"round": 0, "set": "editor", "id": triple[0].id, "arm": arm}
             for step, p in zip("ABC", triple, strict=True):
-                text = FRESH_ASK + f"```python\n{p.text}```" if step == "B" else p.text
+                text = message("fresh" if step == "B" else "edits", p)
                 got = ask(by_arm[arm].url, text, 16, None)
                 row[f"ttft_{step}"] = got["ttft_s"]
                 row[f"prompt_tokens_{step}"] = got["prompt_tokens"]
             row["machine"] = machine
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            append(f, row)
             print(
                 f"editor {triple[0].id:12} {arm:8} TTFT A {row['ttft_A']:.2f} s, "
                 f"C {row['ttft_C']:.2f} s",
                 flush=True,
             )
+
+
+def append(f: Any, row: dict[str, Any]) -> None:
+    """One result line, on disk before the next request (a crash loses at most that one)."""
+    f.write(json.dumps(row) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def message(set_name: str, p: Prompt) -> str:
@@ -291,9 +296,7 @@ def run(args: argparse.Namespace) -> None:
                             **got,
                             "machine": machine,
                         }
-                        f.write(json.dumps(row) + "\n")
-                        f.flush()
-                        os.fsync(f.fileno())
+                        append(f, row)
                         print(
                             f"{rnd} {set_name:6} {p.id:28} {arm:20} {got['e2e_tps']:6.1f} "
                             f"tok/s e2e {got['decode_tps']:6.1f} decode",
