@@ -330,6 +330,13 @@ def test_a_trigger_leaves_the_output_free_until_the_trigger_token(target: MockLM
         ("lark", "start: (((", "Expected"),
         ("regex", "(", None),
         ("lark", 'start: a\na: a "x"\n', None),
+        ("lark", 'start: x\nx: "a" x\n', r"the grammar can never end: .* \(start, x\)$"),
+        ("gbnf", 'root ::= x\nx ::= "a" x\n', "never end.*GBNF's root is 'start'"),
+        (
+            "json_schema",
+            '{"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}',
+            "no finite JSON value",
+        ),
     ],
 )
 def test_a_bad_constraint_is_one_error_naming_its_field(

@@ -275,6 +275,12 @@ def test_json_object_gives_an_object_or_ends_at_max_tokens(url: str) -> None:
         (schema_format({"properties": {"a": {"$ref": "#/nope"}}}), ""),
         (schema_format({"type": "string", "enum": [f"v{i}" for i in range(100_000)]}), ""),
         ({"type": "yaml"}, ""),
+        (
+            schema_format(
+                {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+            ),
+            "no finite JSON value",
+        ),
     ],
 )
 def test_a_bad_response_format_is_a_400_naming_it(

@@ -18,7 +18,7 @@ import pytest
 
 from specdec.api import Pair
 from specdec.models.mock import MockLM, MockSpec, MockTokenizer
-from specdec.serve.tools import CallSplitter, parse_calls
+from specdec.serve.tools import CallSplitter, parse_calls, rebased
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 
@@ -222,6 +222,57 @@ def test_none_renders_no_tools(url: str) -> None:
 PARIS = {"city": "Paris"}
 
 
+PLACE = {
+    "type": "function",
+    "function": {
+        "name": "visit",
+        "parameters": {  # as pydantic writes a nested model: $defs beside properties
+            "$defs": {
+                "City": {
+                    "type": "object",
+                    "properties": {"name": {"enum": ["Rome", "Bern"]}},
+                    "required": ["name"],
+                    "additionalProperties": False,
+                }
+            },
+            "type": "object",
+            "properties": {"city": {"$ref": "#/$defs/City"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("tools", [[PLACE], [WEATHER, PLACE]])
+def test_parameters_with_their_own_definitions_are_followed(
+    url: str, tools: list[dict[str, Any]]
+) -> None:
+    """A tool's local references (``#/$defs/City``) point into its parameters wherever the
+    call's schema puts them (they were refused: the pointer did not exist at the call's root)."""
+    choice = {"type": "function", "function": {"name": "visit"}}
+    r = chat(url, tools=tools, tool_choice=choice, parallel_tool_calls=False)
+    assert r.status_code == 200, r.text
+    (call,) = r.json()["choices"][0]["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"])["city"]["name"] in ("Rome", "Bern")
+
+
+def test_rebased_moves_local_references_only() -> None:
+    schema = {
+        "$defs": {"enum": {"$ref": "#/$defs/x"}},
+        "properties": {"$ref": {"$ref": "#"}, "enum": {"const": {"$ref": "#/data"}}},
+        "items": [{"$ref": "other.json#/a"}],
+    }
+    assert rebased(schema, "/anyOf/1/properties/arguments") == {
+        "$defs": {"enum": {"$ref": "#/anyOf/1/properties/arguments/$defs/x"}},
+        "properties": {
+            "$ref": {"$ref": "#/anyOf/1/properties/arguments"},
+            "enum": {"const": {"$ref": "#/data"}},
+        },
+        "items": [{"$ref": "other.json#/a"}],
+    }
+
+
 def test_a_conversation_with_a_call_and_its_result(url: str) -> None:
     messages = [
         *USER,
@@ -260,6 +311,9 @@ def test_a_conversation_with_a_call_and_its_result(url: str) -> None:
     assert "<tool_response>\nsunny\n</tool_response>" in text
 
 
+NEXT = {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}, "required": ["next"]}
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -279,6 +333,26 @@ def test_a_conversation_with_a_call_and_its_result(url: str) -> None:
             "tools",
         ),
         ({"tools": [WEATHER, WEATHER]}, "tools"),
+        (  # arguments that can never be written: a node whose required "next" is a node
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "$defs": {"N": NEXT},
+                                "type": "object",
+                                "properties": {"n": {"$ref": "#/$defs/N"}},
+                                "required": ["n"],
+                            },
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
         (
             {
                 "messages": [

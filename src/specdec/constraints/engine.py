@@ -12,6 +12,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from specdec.constraints.endless import lark_never_ends, schema_never_ends
 from specdec.constraints.spec import Constraint, ConstraintError, schema_object
 from specdec.constraints.tokens import TokenTable, greedy_encoder
 
@@ -92,25 +93,36 @@ def vocabulary(table: TokenTable) -> Any:
 
 def grammar_text(c: Constraint) -> str:
     """The engine's grammar for ``c`` (not yet checked against a vocabulary: the matcher
-    reports errors, ``constraints.check``); ConstraintError naming ``c.field``."""
+    reports errors, ``constraints.check``); ConstraintError naming ``c.field``, also for a
+    grammar or schema that can never end (``constraints.endless``)."""
     llg = engine(c.field)
+    endless: str | None = None
     try:
         if c.kind == "json_object":
             return str(llg.LLMatcher.grammar_from_json_schema({"type": "object"}, JSON_OPTIONS))
         if c.kind == "json_schema":
             schema = schema_object(c.source, c.field)
-            return str(llg.LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS))
-        if c.kind == "regex":
+            text = str(llg.LLMatcher.grammar_from_json_schema(schema, JSON_OPTIONS))
+            endless = schema_never_ends(schema)
+        elif c.kind == "regex":
             return str(llg.LLMatcher.grammar_from_regex(c.source))
-        if c.kind == "lark":
-            return str(llg.LLMatcher.grammar_from_lark(c.source))
-        from llguidance.gbnf_to_lark import gbnf_to_lark
+        else:
+            lark = c.source
+            if c.kind == "gbnf":
+                from llguidance.gbnf_to_lark import gbnf_to_lark
 
-        return str(llg.LLMatcher.grammar_from_lark(gbnf_to_lark(c.source)))
+                lark = gbnf_to_lark(c.source)
+            text = str(llg.LLMatcher.grammar_from_lark(lark))
+            endless = lark_never_ends(lark)
+            if endless and c.kind == "gbnf":
+                endless += " (GBNF's root is 'start' here)"
     except RecursionError as e:
         raise ConstraintError(c.field, f"the {c.kind} is nested too deeply") from e
     except Exception as e:  # the engine's converters raise ValueError and their own errors
         raise ConstraintError(c.field, one_line(str(e))) from e
+    if endless:  # the engine accepts it, but no output could ever satisfy it
+        raise ConstraintError(c.field, endless)
+    return text
 
 
 def one_line(message: str, limit: int = 300) -> str:

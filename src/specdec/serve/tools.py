@@ -65,19 +65,54 @@ def check_template(template: str | None) -> None:
         )
 
 
+# keywords whose values are data, not schemas: a "$ref" inside them is not a reference
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+
+
+def rebased(schema: Any, prefix: str) -> Any:
+    """``schema`` with its local references (``#``, ``#/$defs/x``) pointing into it where it
+    now sits, at the JSON pointer ``prefix`` of a larger schema: a tool's parameters as
+    pydantic writes them (``$defs`` beside ``properties``) inside the call's schema."""
+    if isinstance(schema, list):
+        return [rebased(s, prefix) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = "#" + prefix + value[1:]
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in ("properties", "patternProperties", "$defs", "definitions"):
+            # maps from names to schemas: a property called "enum" is still a schema
+            out[key] = (
+                {k: rebased(v, prefix) for k, v in value.items()}
+                if isinstance(value, dict)
+                else value
+            )
+        else:
+            out[key] = rebased(value, prefix)
+    return out
+
+
 def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON schema of one call to one of ``tools`` (OpenAI function definitions)."""
+    """The JSON schema of one call to one of ``tools`` (OpenAI function definitions); each
+    tool's ``parameters`` keep their local references (``rebased``)."""
+    where = [
+        "/properties/arguments" if len(tools) == 1 else f"/anyOf/{i}/properties/arguments"
+        for i in range(len(tools))
+    ]
     options = [
         {
             "type": "object",
             "properties": {
                 "name": {"const": t["name"]},
-                "arguments": t.get("parameters") or {"type": "object"},
+                "arguments": rebased(t.get("parameters") or {"type": "object"}, at),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for t in tools
+        for t, at in zip(tools, where, strict=True)
     ]
     schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
     return {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE, "lenient": False}}
