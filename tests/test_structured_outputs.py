@@ -9,6 +9,7 @@ under each of 10 schemas; bad schemas as one 400 (one line) naming the field.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -295,6 +296,82 @@ def test_a_bad_response_format_is_a_400_naming_it(
     error = r.json()["error"]
     assert error["param"].startswith("response_format"), error
     assert said in error["message"] and "\n" not in error["message"]
+
+
+COLOR = {
+    "type": "object",
+    "properties": {"c": {"enum": ["red", "blue"]}},
+    "required": ["c"],
+    "additionalProperties": False,
+}
+
+
+def is_color(text: str) -> bool:
+    return json.loads(text) in ({"c": "red"}, {"c": "blue"})
+
+
+@pytest.mark.parametrize(
+    ("fields", "ok"),
+    [  # llama-server's names
+        ({"grammar": 'root ::= "yes" | "no"'}, lambda t: t in ("yes", "no")),
+        ({"json_schema": COLOR}, is_color),
+        # vLLM's
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, lambda t: t in ("yes", "no")),
+        ({"structured_outputs": {"regex": "[0-9]{3}"}}, lambda t: re.fullmatch("[0-9]{3}", t)),
+        ({"structured_outputs": {"json": COLOR}}, is_color),
+        ({"structured_outputs": {"grammar": 'start: "ab" | "c"'}}, lambda t: t in ("ab", "c")),
+        ({"structured_outputs": {"json_object": True}}, lambda t: t.startswith("{")),  # or length
+        ({"guided_choice": ['a "quoted" one', "b"]}, lambda t: t in ('a "quoted" one', "b")),
+        ({"guided_regex": "x[a-c]{2}"}, lambda t: re.fullmatch("x[a-c]{2}", t)),
+        ({"guided_json": json.dumps(COLOR), "guided_decoding_backend": "xgrammar"}, is_color),
+        ({"guided_grammar": 'start: "q" "r"?'}, lambda t: t in ("q", "qr")),
+        # SGLang's
+        ({"regex": "[xyz]+!"}, lambda t: re.fullmatch("[xyz]+!", t)),
+        ({"ebnf": 'root ::= "up" | "down"'}, lambda t: t in ("up", "down")),
+    ],
+)
+def test_other_engines_constraint_fields_constrain_the_output(
+    url: str, fields: dict[str, Any], ok: Any
+) -> None:
+    """A client written for llama-server, vLLM or SGLang names the constraint its engine's way;
+    those fields were ignored, and the answer came back unconstrained."""
+    for path, body in (
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "say"}]}),
+        ("/v1/completions", {"prompt": "say"}),
+    ):
+        r = post(url, path, {**body, "max_tokens": 120, "seed": 5, **fields})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        text = choice["message"]["content"] if "message" in choice else choice["text"]
+        if "json_object" not in str(fields):  # an object the mock may not close
+            assert choice["finish_reason"] == "stop", (fields, text)
+        assert ok(text), (fields, text)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"guided_regex": "[0-9]", "grammar": 'root ::= "a"'}, "grammar"),
+        ({"response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "guided_choice"),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"guided_choice": "yes"}, "guided_choice"),
+        ({"structured_outputs": "json"}, "structured_outputs"),
+        ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
+        ({"structured_outputs": {"grammar": 'start: x\nx: "a" x'}}, "structured_outputs.grammar"),
+        ({"structured_outputs": {"bogus": 1}}, "structured_outputs.bogus"),
+        ({"guided_whitespace_pattern": " *"}, "guided_whitespace_pattern"),
+        ({"guided_json": 3}, "guided_json"),
+        ({"json_schema": {"type": "foo"}}, "json_schema"),
+        ({"regex": ""}, "regex"),
+    ],
+)
+def test_other_engines_fields_that_cannot_be_followed_are_a_400_naming_them(
+    url: str, fields: dict[str, Any], param: str
+) -> None:
+    r = post(url, "/v1/completions", {"prompt": "say", "max_tokens": 4, **fields})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and "\n" not in error["message"], error
 
 
 def test_a_model_without_token_bytes_is_a_400_naming_the_field() -> None:

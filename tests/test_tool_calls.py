@@ -333,6 +333,7 @@ NEXT = {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}, "requir
             "tools",
         ),
         ({"tools": [WEATHER, WEATHER]}, "tools"),
+        ({"tools": [WEATHER], "guided_regex": "a+"}, "guided_regex"),  # auto's answer: JSON
         (  # arguments that can never be written: a node whose required "next" is a node
             {
                 "tools": [

@@ -2,7 +2,8 @@
 (``pip install openai-agents``, in a venv of its own) against a running ``specdec serve``: an
 agent with a function tool is asked a question that needs the tool; the run must call the tool
 and answer. It runs twice, once with each of the SDK's models: ``responses`` (its default,
-``POST /v1/responses``) and ``chat`` (``OpenAIChatCompletionsModel``).
+``POST /v1/responses``) and ``chat`` (``OpenAIChatCompletionsModel``). The tool takes a nested
+pydantic model, so its parameters carry ``$defs`` and a ``$ref`` as the SDK writes them.
 
     specdec serve --port 8765 &                       # the default pair
     /tmp/agents-venv/bin/python benchmarks/studies/agent_client_task.py --base http://127.0.0.1:8765/v1
@@ -44,6 +45,11 @@ def main() -> int:
         set_tracing_disabled,
     )
     from openai import AsyncOpenAI
+    from pydantic import BaseModel
+
+    class Place(BaseModel):
+        city: str
+        country: str
 
     set_tracing_disabled(True)
     client = AsyncOpenAI(base_url=args.base, api_key="none", timeout=600)
@@ -51,11 +57,14 @@ def main() -> int:
     for api in args.apis.split(","):
         calls: list[str] = []
 
-        @function_tool
-        def get_weather(city: str) -> str:
-            """The current weather in a city."""
-            calls.append(city)  # noqa: B023 (each run's own list, read before the next)
-            return json.dumps({"city": city, "temp_c": 4, "sky": "cloudy"})
+        def get_weather(place: Place) -> str:
+            """The current weather in a place."""
+            calls.append(f"{place.city}, {place.country}")  # noqa: B023 (each run's own list)
+            return json.dumps({"city": place.city, "temp_c": 4, "sky": "cloudy"})
+
+        # the SDK reads the hints; Place is local, so not as the strings this module writes
+        get_weather.__annotations__ = {"place": Place, "return": str}
+        tool = function_tool(get_weather)
 
         model: Any
         if api == "responses":
@@ -67,7 +76,7 @@ def main() -> int:
         agent = Agent(
             name="weather",
             instructions="Answer with the weather tool's result.",
-            tools=[get_weather],
+            tools=[tool],
             model=model,
             model_settings=ModelSettings(
                 temperature=0, max_tokens=96, tool_choice=args.tool_choice

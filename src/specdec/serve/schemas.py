@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from specdec.constraints.spec import Constraint, ConstraintError, json_schema
+from specdec.serve.engine_fields import engine_constraints
 from specdec.serve.errors import FieldError
 from specdec.util.bounds import SEED_LIMIT  # as the CLI
 
@@ -215,8 +216,17 @@ class GenerationFields(BaseModel):
         return self.max_tokens
 
     def constraint(self) -> Constraint | None:
-        """The output's constraint from ``response_format`` (None: free text)."""
-        return None if self.response_format is None else self.response_format.constraint()
+        """The output's constraint (None: free text): from ``response_format``, or from one of
+        the fields other engines name it by (``serve.engine_fields``); two are a FieldError."""
+        given = [] if self.response_format is None else [self.response_format.constraint()]
+        found = [c for c in given if c is not None] + engine_constraints(self.model_extra or {})
+        if len(found) > 1:
+            raise FieldError(
+                found[1].field,
+                f"give one constraint of the output: {found[0].field} and {found[1].field} both "
+                "constrain it",
+            )
+        return found[0] if found else None
 
     def k_override(self) -> int | None:
         """The request's drafts per round, if it names one."""

@@ -254,6 +254,12 @@ def request_constraint(req: Any, template: str | None) -> Constraint | None:
     answer: dict[str, Any] | bool | None = None
     shape = req.constraint()
     if shape is not None and choice == "auto":
+        if shape.kind not in ("json_object", "json_schema"):
+            raise FieldError(
+                shape.field,
+                f"{shape.field}: with tools under tool_choice auto the answer's constraint is a "
+                "JSON one (response_format json_object or json_schema)",
+            )
         answer = {"type": "object"} if shape.kind == "json_object" else json.loads(shape.source)
         if isinstance(answer, dict):
             answer = {**answer, "x-guidance": call_schema(functions)["x-guidance"]}
