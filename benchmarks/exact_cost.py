@@ -188,8 +188,7 @@ def worker(
     lm.truncate(0)
     gen: list[tuple[float, int]] = []
     if exact or setting == "specdec-default":
-        from specdec.drafters.planned import PlannedSuffixDrafter
-        from specdec.drafters.suffix import SuffixDrafter
+        from specdec.drafters.planned import PlannedSuffixDrafter, planned_suffix
         from specdec.models.loader import ModelConfig
         from specdec.pairs import PLANNED_K
         from specdec.profiler.target_costs import cached_target_costs
@@ -204,7 +203,11 @@ def worker(
 
             n_max, context = fitted_passes(lm.n_ctx)
             costs = target_costs(lm, n_max=n_max, context_tokens=context, repeats=REPEATS)
-        drafter = PlannedSuffixDrafter(SuffixDrafter(), costs)
+        # as pairs.load_pair builds the default: the planned options, drafts stopping at an
+        # end of generation (before 2026-12-08 this used SuffixDrafter's plain options)
+        inner = planned_suffix()
+        inner.ends = lm.eos_token_ids
+        drafter = PlannedSuffixDrafter(inner, costs)
         for text in prompts(per_category):
             pids = encode_prompt(lm, text, chat=True)
             gen.append(specdec_decode(lm, drafter, pids, n_new, PLANNED_K))
