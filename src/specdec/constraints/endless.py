@@ -132,7 +132,7 @@ def _lex(text: str) -> list[_Lexeme]:
 # ("rep", node, low) for + and ~n.. and {n,m}, ("all", [seq...]) for & conjuncts, ("schema", obj),
 # ("end",) for anything that can end (strings, regexps, tokens of the vocabulary, negation)
 Node = tuple[Any, ...]
-_STOP = {"nl", "|", "->", "}", ")", "]", "&"}
+_STOP = frozenset({"nl", "|", "->", "}", ")", "]", "&"})
 
 
 class _Reader:

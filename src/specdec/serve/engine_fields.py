@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from specdec.constraints.spec import Constraint, ConstraintError, grammar_constraint, json_schema
@@ -32,16 +33,18 @@ TOP_LEVEL = frozenset(
     | {"regex", "ebnf"}
 )
 # settings of the engines' own back ends: ignored at these values, refused at any other
-NEUTRAL: Mapping[str, tuple[Any, ...]] = {
-    "guided_decoding_backend": (),  # any value: it picks vLLM's engine, ours is llguidance
-    "guided_whitespace_pattern": (None,),
-    "structured_outputs.backend": (),
-    "structured_outputs.disable_fallback": (None, False, True),
-    "structured_outputs.disable_any_whitespace": (None, False),
-    "structured_outputs.disable_additional_properties": (None, False),
-    "structured_outputs.whitespace_pattern": (None,),
-    "structured_outputs.structural_tag": (None,),
-}
+NEUTRAL: Mapping[str, tuple[Any, ...]] = MappingProxyType(
+    {
+        "guided_decoding_backend": (),  # any value: it picks vLLM's engine, ours is llguidance
+        "guided_whitespace_pattern": (None,),
+        "structured_outputs.backend": (),
+        "structured_outputs.disable_fallback": (None, False, True),
+        "structured_outputs.disable_any_whitespace": (None, False),
+        "structured_outputs.disable_additional_properties": (None, False),
+        "structured_outputs.whitespace_pattern": (None,),
+        "structured_outputs.structural_tag": (None,),
+    }
+)
 
 
 def _text(field: str, value: Any) -> str:
