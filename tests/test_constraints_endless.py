@@ -1,14 +1,14 @@
 """Grammars and schemas that can never end (``specdec.constraints.endless``): proved
 non-terminating ones are refused with one line, and everything that can end, or that the
-reader does not follow, is left to the engine (no false refusal: the llguidance sample
-grammars and llama.cpp's GBNF grammars, JSON Schema's own meta-schemas, recursive pydantic
-models with an empty case all pass). The grammar engine itself has no such check: each
-refused case here passes its first mask."""
+reader does not follow, is left to the engine. Schemas come hand-written and from pydantic
+models (recursive ones with an empty case must pass; a model that needs itself must not). The
+grammar engine itself has no such check: each refused case here passes its first mask."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pydantic
 import pytest
 
 from specdec.constraints import endless
@@ -135,3 +135,35 @@ def test_a_pointer_with_escapes_is_followed() -> None:
         "$ref": "#/$defs/a~1b~0c",
     }
     assert schema_never_ends(schema) is not None
+
+
+class Tree(pydantic.BaseModel):
+    value: int
+    children: list[Tree]  # [] ends it
+
+
+class Chain(pydantic.BaseModel):
+    head: int
+    tail: Chain | None  # null ends it
+
+
+class Loop(pydantic.BaseModel):
+    next: Loop  # no instance is finite
+
+
+class There(pydantic.BaseModel):
+    back: Back
+
+
+class Back(pydantic.BaseModel):
+    there: There
+
+
+def test_pydantic_models_are_judged_by_whether_an_instance_can_be_finite() -> None:
+    for model in (Tree, Chain, Back):
+        model.model_rebuild()
+    assert schema_never_ends(Tree.model_json_schema()) is None
+    assert schema_never_ends(Chain.model_json_schema()) is None
+    for model in (Loop, There):
+        said = schema_never_ends(model.model_json_schema())
+        assert said is not None and "#/$defs/" in said

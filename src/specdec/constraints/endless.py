@@ -370,17 +370,22 @@ def _pointer(root: Any, ref: str) -> Any:
     return node
 
 
-def _refs(node: Any) -> Iterator[str]:
+def _json_nodes(node: Any) -> Iterator[Any]:
+    """Every value inside a JSON document, ``node`` included."""
     stack = [node]
     while stack:
         n = stack.pop()
+        yield n
         if isinstance(n, dict):
-            ref = n.get("$ref")
-            if isinstance(ref, str):
-                yield ref
             stack.extend(n.values())
         elif isinstance(n, list):
             stack.extend(n)
+
+
+def _refs(node: Any) -> Iterator[str]:
+    for n in _json_nodes(node):
+        if isinstance(n, dict) and isinstance(n.get("$ref"), str):
+            yield n["$ref"]
 
 
 def _instance(node: Any, ok: Callable[[str], bool]) -> bool:
@@ -439,18 +444,6 @@ def _of_type(node: dict[str, Any], kind: Any, ok: Callable[[str], bool]) -> bool
     return True
 
 
-def _size(node: Any) -> int:
-    count, stack = 0, [node]
-    while stack:
-        n = stack.pop()
-        count += 1
-        if isinstance(n, dict):
-            stack.extend(n.values())
-        elif isinstance(n, list):
-            stack.extend(n)
-    return count
-
-
 def schema_never_ends(schema: Any) -> str | None:
     """Why a JSON schema admits no finite JSON value through its local ``$ref`` cycles, or None
     (module docstring: only what is proved)."""
@@ -460,7 +453,7 @@ def schema_never_ends(schema: Any) -> str | None:
         if node is not None:
             nodes[ref] = node
     deps = {ref: set(_refs(node)) for ref, node in nodes.items()}
-    sizes = {ref: _size(node) for ref, node in nodes.items()}
+    sizes = {ref: sum(1 for _ in _json_nodes(node)) for ref, node in nodes.items()}
     try:
         ends = _fixpoint(nodes, deps, sizes, _instance)
         if ends is None:
